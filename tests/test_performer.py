@@ -1,0 +1,373 @@
+"""FAVOR+ (Performer) and the shared feature-map / kernel-attention core it is built on."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+from zoo.attention import on_optimizer_step
+from zoo.attention import performer as performer_module
+from zoo.attention._features import (
+    elu_feature_map,
+    gaussian_orthogonal_random_matrix,
+    relu_kernel_features,
+    softmax_kernel_features,
+)
+from zoo.attention._kernel import kernel_attention, kernel_attention_step
+from zoo.attention.performer import favor_attention
+from zoo.attention.softmax import softmax_attention
+
+DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
+BUFFERS = {"seed", "step", "random_features"}
+
+
+def make(**options) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return zoo.create_attention("performer", DIM, HEADS, **{"nb_features": 24, **options}).eval()
+
+
+def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1, dim: int = DIM) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return F.layer_norm(torch.randn(batch, length, dim, generator=generator), (dim,))
+
+
+def gaussians(*shape, seed: int = 0, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale).requires_grad_()
+
+
+def naive_kernel_attention(phi_q, phi_k, v, key_log_scale=None, is_causal=False):
+    """Quadratic reference: weights phi_q . phi_k * exp(key_log_scale), masked, normalised over the keys."""
+    weights = phi_q @ phi_k.transpose(-2, -1)
+    if key_log_scale is not None:
+        weights = weights * key_log_scale.exp()[..., None, :]
+    if is_causal:
+        n = phi_q.shape[-2]
+        weights = weights.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), 0.0)
+    return (weights @ v) / weights.sum(-1, keepdim=True)
+
+
+def grads(out, tensors):
+    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    return torch.autograd.grad((out * weight).sum(), tensors)
+
+
+def assert_same(actual, expected, **tolerances):
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, **tolerances)
+
+
+# ---- interface ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("options", [{}, {"fused": False}, {"kernel": "relu"}])
+def test_shape_and_every_parameter_gets_a_gradient(options, causal):
+    attention = make(qkv_bias=True, **options).train()
+    out = attention(inputs(), is_causal=causal)
+    assert out.shape == (BATCH, LENGTH, DIM)
+    out.square().mean().backward()
+    for name, param in attention.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_weights_copy_from_softmax_leaving_only_performer_buffers():
+    source = zoo.create_attention("softmax", DIM, HEADS, qkv_bias=True)
+    target = make(qkv_bias=True)
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    assert set(missing) == BUFFERS and not unexpected
+    torch.testing.assert_close(target.proj.weight, source.proj.weight)
+    assert BUFFERS <= set(target.state_dict())
+
+
+def test_options_are_validated_with_the_bad_value():
+    for options, match in [
+        ({"kernel": "gaussian"}, "'gaussian'.*'softmax', 'relu'"),
+        ({"nb_features": 0}, "nb_features=0"),
+        ({"nb_features": 2.5}, "nb_features=2.5"),
+        ({"redraw_interval": -1}, "redraw_interval=-1"),
+        ({"chunk_size": 0}, "chunk_size=0"),
+        ({"eps": -1.0}, "eps=-1.0"),
+        ({"fused": "yes"}, "fused='yes'"),
+        ({"attn_drop": 0.1}, "attn_drop=0.1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            make(**options)
+
+
+# ---- feature maps ------------------------------------------------------------------------------------------
+
+
+def test_orthogonal_random_matrix_blocks_norms_and_determinism():
+    generator = torch.Generator().manual_seed(3)
+    matrix = gaussian_orthogonal_random_matrix(20, 8, generator=generator, dtype=torch.float64)
+    assert matrix.shape == (20, 8)
+    for block in (matrix[:8], matrix[8:16], matrix[16:]):
+        directions = F.normalize(block, dim=-1)
+        torch.testing.assert_close(directions @ directions.t(), torch.eye(len(block), dtype=torch.float64))
+    assert len(set(matrix.norm(dim=-1).tolist())) == 20
+    fixed = gaussian_orthogonal_random_matrix(12, 8, scaling="sqrt_d", generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(fixed.norm(dim=-1), torch.full((12,), math.sqrt(8)))
+    again = gaussian_orthogonal_random_matrix(20, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert torch.equal(matrix, again)
+    with pytest.raises(ValueError, match="'unit'"):
+        gaussian_orthogonal_random_matrix(4, 4, scaling="unit")
+
+
+def test_softmax_features_are_the_exact_features_up_to_their_offset():
+    x = gaussians(2, 2, 9, 8, seed=1, scale=2.0)
+    projection = gaussian_orthogonal_random_matrix(12, 8, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    xs = x * 8**-0.25
+    exact = torch.exp(xs @ projection.t() - xs.square().sum(-1, keepdim=True) / 2) / math.sqrt(12)
+    eps = 1e-3
+    for is_query, mask, causal in [(True, None, False), (False, keep, False), (False, keep, True)]:
+        phi, offset = softmax_kernel_features(x, projection, is_query=is_query, mask=mask, causal=causal, eps=eps)
+        rebuilt = offset.exp()[..., None] * (phi - eps / math.sqrt(12))
+        rows = slice(None) if mask is None else keep[:, None, :, None].expand_as(exact)
+        torch.testing.assert_close(rebuilt[rows], exact[rows])
+        # The stabiliser keeps every feature at most 1 / sqrt(r) (plus eps).
+        assert phi.max() <= (1 + eps) / math.sqrt(12) + 1e-12
+        if mask is not None:
+            assert (phi[1, :, 6:] == 0).all()
+    # Non-causal keys share one offset per (sample, head), taken over kept keys only.
+    _, offset = softmax_kernel_features(x, projection, is_query=False, mask=keep, eps=eps)
+    assert offset.shape == (2, 2, 1)
+    log_exact = (exact * math.sqrt(12)).log().amax(-1)
+    torch.testing.assert_close(offset[1, :, 0], log_exact[1, :, :6].amax(-1))
+
+
+def test_softmax_features_estimate_the_softmax_kernel_without_bias():
+    x, y = gaussians(1, 1, 6, 8, seed=2, scale=0.5), gaussians(1, 1, 5, 8, seed=3, scale=0.5)
+    projection = gaussian_orthogonal_random_matrix(
+        16384, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64
+    )
+    phi_x, off_x = softmax_kernel_features(x, projection, is_query=True, eps=0.0)
+    phi_y, off_y = softmax_kernel_features(y, projection, is_query=False, eps=0.0)
+    estimate = (phi_x @ phi_y.transpose(-2, -1)) * (off_x[..., :, None] + off_y[..., None, :]).exp()
+    exact = torch.exp(x @ y.transpose(-2, -1) / math.sqrt(8))
+    # Relative std per entry: sqrt((exp(|x+y|^2 / sqrt(d)) - 1) / r) ~ 0.014 here; 0.06 is about 4 sigma.
+    torch.testing.assert_close(estimate, exact, rtol=0.06, atol=0)
+
+
+def test_relu_and_elu_feature_maps():
+    x = gaussians(2, 2, 5, 8, seed=5)
+    projection = gaussian_orthogonal_random_matrix(6, 8, generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+    keep = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    phi = relu_kernel_features(x, projection, mask=keep, eps=1e-3)
+    expected = F.relu(x * 8**-0.25 @ projection.t()) / math.sqrt(6) + 1e-3
+    torch.testing.assert_close(phi[0], expected[0])
+    assert (phi[1, :, 2:] == 0).all() and (phi[1, :, :2] > 0).all()
+    torch.testing.assert_close(elu_feature_map(x), torch.where(x > 0, x + 1, x.exp()))
+
+
+# ---- kernel attention core vs a quadratic reference ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_causal,n,chunk", [(False, 37, 16), (True, 37, 16), (True, 130, 16), (True, 37, 128)])
+@pytest.mark.parametrize("log_scale", [False, True])
+def test_kernel_attention_equals_the_quadratic_reference(is_causal, n, chunk, log_scale):
+    phi_q, phi_k = gaussians(2, 3, n, 5, seed=1).exp().detach(), gaussians(2, 3, n, 5, seed=2).exp().detach()
+    phi_q.requires_grad_(), phi_k.requires_grad_()
+    v = gaussians(2, 3, n, 4, seed=3)
+    # Offsets spread over a wide range (growing and shrinking) exercise the running-max rescaling.
+    scale = gaussians(2, 3, n, seed=4, scale=6.0) if log_scale else None
+    tensors = (phi_q, phi_k, v) + ((scale,) if log_scale else ())
+    out = kernel_attention(phi_q, phi_k, v, key_log_scale=scale, is_causal=is_causal, chunk_size=chunk)
+    expected = naive_kernel_attention(phi_q, phi_k, v, scale, is_causal)
+    torch.testing.assert_close(out, expected)
+    assert_same(grads(out, tensors), grads(expected, tensors))
+
+
+def test_kernel_attention_handles_keys_fewer_than_queries_and_no_kept_key():
+    phi_q, phi_k, v = gaussians(1, 2, 29, 5, seed=1).exp(), gaussians(1, 2, 37, 5, seed=2).exp(), gaussians(1, 2, 37, 4)
+    torch.testing.assert_close(kernel_attention(phi_q, phi_k, v), naive_kernel_attention(phi_q, phi_k, v))
+    # Every key padded (zero features, -inf scale): zero output, not NaN.
+    zero = torch.zeros_like(phi_k)
+    for causal in (False, True):
+        out = kernel_attention(phi_k, zero, v, key_log_scale=torch.full((1, 2, 37), -math.inf), is_causal=causal)
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_causal_log_scale_equals_the_unstabilised_features():
+    phi_q, phi_k, v = gaussians(2, 2, 45, 6, seed=1).exp(), gaussians(2, 2, 45, 6, seed=2).exp(), gaussians(2, 2, 45, 4)
+    scale = gaussians(2, 2, 45, seed=3, scale=3.0)
+    out = kernel_attention(phi_q, phi_k, v, key_log_scale=scale, is_causal=True, chunk_size=8)
+    plain = kernel_attention(phi_q, phi_k * scale.exp()[..., None], v, is_causal=True, chunk_size=8)
+    torch.testing.assert_close(out, plain)
+
+
+def test_recurrent_step_equals_the_causal_output():
+    phi_q, phi_k, v = gaussians(2, 2, 41, 6, seed=1).exp(), gaussians(2, 2, 41, 6, seed=2).exp(), gaussians(2, 2, 41, 4)
+    scale = gaussians(2, 2, 41, seed=3, scale=5.0)
+    scale.data[0, 0, 3] = -math.inf  # a padded key in the middle
+    full = kernel_attention(phi_q, phi_k, v, key_log_scale=scale, is_causal=True, chunk_size=16)
+    state, steps = None, []
+    for t in range(41):
+        out, state = kernel_attention_step(
+            phi_q[:, :, t], phi_k[:, :, t], v[:, :, t], state, key_log_scale=scale[..., t]
+        )
+        steps.append(out)
+    torch.testing.assert_close(torch.stack(steps, dim=2), full, atol=1e-10, rtol=1e-10)
+    assert state[0].shape == (2, 2, 6, 4) and state[1].shape == (2, 2, 6) and state[2].shape == (2, 2)
+
+
+# ---- FAVOR+ ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_favor_equals_the_feature_path(masked, monkeypatch):
+    # Blocks of 16 rows: several blocks, a ragged last one, the running max growing across blocks.
+    monkeypatch.setattr(performer_module, "_BLOCK_BYTES", 16 * 2 * 3 * 24 * 8)
+    q, k = gaussians(2, 3, 37, 16, seed=1, scale=2.0), gaussians(2, 3, 37, 16, seed=2, scale=2.0)
+    v = gaussians(2, 3, 37, 16, seed=3)
+    with torch.no_grad():
+        k[:, :, 30:] *= 2  # the largest keys come last: the state is rescaled
+    projection = gaussian_orthogonal_random_matrix(24, 16, generator=torch.Generator().manual_seed(0), dtype=q.dtype)
+    mask = None
+    if masked:
+        mask = torch.ones(2, 37, dtype=torch.bool)
+        mask[0, 33:] = False
+        mask[1, 4:] = False
+    fused = favor_attention(q, k, v, projection, mask, fused=True)
+    reference = favor_attention(q, k, v, projection, mask, fused=False)
+    torch.testing.assert_close(fused, reference)
+    assert_same(grads(fused, (q, k, v)), grads(reference, (q, k, v)))
+
+
+def relative_error(nb_features: int, head_dim: int, seeds: int = 6) -> float:
+    """Mean relative output error of FAVOR+ against exact attention on post-LayerNorm inputs, default init."""
+    errors = []
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        layer = zoo.create_attention("performer", head_dim * 2, 2, nb_features=nb_features).double()
+        x = inputs(2, 128, seed=100 + seed, dim=head_dim * 2).double()
+        with torch.no_grad():
+            q, k, v = layer.project_qkv(x)
+            approx = favor_attention(q, k, v, layer.random_features, eps=0.0)
+            exact = softmax_attention(q, k, v)
+        errors.append(((approx - exact).norm() / exact.norm()).item())
+    return sum(errors) / len(errors)
+
+
+def test_favor_approximates_softmax_better_with_more_features():
+    # Measured means (6 seeds): d=16: 0.92, 0.48, 0.33 (4096 features: 0.09); d=64: 1.6, 1.05, 0.70. The
+    # estimator's relative variance is (exp(|q+k|^2 / sqrt(d)) - 1) / nb_features, large at ViT head sizes.
+    small = [relative_error(r, 16) for r in (16, 64, 256)]
+    assert small[0] > small[1] > small[2] and small[2] < 0.45
+    assert relative_error(4096, 16, seeds=2) < 0.15
+    vit = [relative_error(r, 64, seeds=3) for r in (16, 256)]
+    assert vit[0] > vit[1] and vit[1] < 0.85
+
+
+def test_causal_favor_equals_the_quadratic_reference_on_the_same_features():
+    q, k = gaussians(2, 2, 37, 16, seed=1, scale=3.0), gaussians(2, 2, 37, 16, seed=2, scale=3.0)
+    v = gaussians(2, 2, 37, 16, seed=3)
+    projection = gaussian_orthogonal_random_matrix(24, 16, generator=torch.Generator().manual_seed(0), dtype=q.dtype)
+    out = favor_attention(q, k, v, projection, is_causal=True, chunk_size=8, eps=1e-4)
+    phi_q, _ = softmax_kernel_features(q, projection, is_query=True, eps=1e-4)
+    phi_k, offset = softmax_kernel_features(k, projection, is_query=False, causal=True, eps=1e-4)
+    expected = naive_kernel_attention(phi_q, phi_k, v, offset, is_causal=True)
+    torch.testing.assert_close(out, expected)
+    assert_same(grads(out, (q, k, v)), grads(expected, (q, k, v)))
+
+
+@pytest.mark.parametrize("options", [{}, {"kernel": "relu"}])
+def test_causal_prefix_never_changes_with_the_future(options):
+    attention = make(chunk_size=16, **options)
+    x = inputs()
+    changed = x.clone()
+    changed[:, 20:] = torch.randn_like(changed[:, 20:]) * 40
+    out, out_changed = attention(x, is_causal=True), attention(changed, is_causal=True)
+    torch.testing.assert_close(out[:, :20], out_changed[:, :20], atol=1e-6, rtol=0)
+    assert not torch.allclose(out[:, 20:], out_changed[:, 20:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_one_sample_never_changes_another(causal, fused):
+    attention = make(fused=fused)
+    x = inputs()
+    changed = x.clone()
+    # Large-norm keys: a stabiliser shared over the batch would underflow sample 0's features.
+    changed[1] = changed[1] * 60 + 5
+    torch.testing.assert_close(attention(x, is_causal=causal)[0], attention(changed, is_causal=causal)[0],
+                               atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("options", [{}, {"fused": False}, {"kernel": "relu"}])
+def test_padding_equals_the_unpadded_sequence_and_padded_values_never_leak(options, causal):
+    attention = make(**options)
+    x = inputs()
+    keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    keep[1, 25:] = False
+    out = attention(x, attn_mask=keep, is_causal=causal)
+    unpadded = attention(x[1:, :25], is_causal=causal)
+    torch.testing.assert_close(out[1, :25], unpadded[0], atol=1e-6, rtol=1e-5)
+    changed = x.clone()
+    changed[1, 25:] = torch.randn(12, DIM) * 50
+    torch.testing.assert_close(attention(changed, attn_mask=keep, is_causal=causal)[keep], out[keep],
+                               atol=1e-6, rtol=1e-5)
+    # A sample whose every key is padded gives a finite (zero) output.
+    keep[0] = False
+    assert torch.isfinite(attention(x, attn_mask=keep, is_causal=causal)).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("precision", ["module", "autocast"])
+def test_bf16_large_norm_long_sequence_stays_finite(precision, causal):
+    attention = zoo.create_attention("performer", 64, 1, nb_features=64).train()
+    x = torch.randn(1, 4096, 64, generator=torch.Generator().manual_seed(0)) * 30
+    if precision == "module":
+        attention = attention.to(torch.bfloat16)
+        x = x.to(torch.bfloat16).requires_grad_()
+        out = attention(x, is_causal=causal)
+    else:
+        x.requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention(x, is_causal=causal)
+    assert out.dtype == torch.bfloat16
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    for name, param in attention.named_parameters():
+        assert torch.isfinite(param.grad).all(), name
+
+
+# ---- feature redraws ---------------------------------------------------------------------------------------
+
+
+def test_redraws_count_optimizer_steps_and_are_identical_across_replicas():
+    attention = make(redraw_interval=2)
+    initial = attention.random_features.clone()
+    on_optimizer_step(attention)
+    assert torch.equal(attention.random_features, initial) and int(attention.step) == 1
+    on_optimizer_step(attention)
+    assert not torch.equal(attention.random_features, initial) and int(attention.step) == 2
+    # A replica built from another RNG state but sharing the seed buffer (as data parallelism broadcasts it).
+    torch.manual_seed(123)
+    replica = zoo.create_attention("performer", DIM, HEADS, nb_features=24, redraw_interval=2)
+    assert not torch.equal(replica.random_features, initial)
+    replica.seed.copy_(attention.seed)
+    replica.random_features.copy_(replica.draw_features(0))
+    assert torch.equal(replica.random_features, initial)
+    for _ in range(2):
+        on_optimizer_step(replica)
+    assert torch.equal(replica.random_features, attention.random_features)
+    # Resuming from the state dict continues identically.
+    resumed = make(redraw_interval=2)
+    resumed.load_state_dict(attention.state_dict())
+    for module in (attention, resumed):
+        for _ in range(2):
+            on_optimizer_step(module)
+    assert torch.equal(resumed.random_features, attention.random_features)
+
+
+def test_no_redraws_when_the_interval_is_zero():
+    attention = make()
+    initial = attention.random_features.clone()
+    for _ in range(5):
+        on_optimizer_step(attention)
+    assert torch.equal(attention.random_features, initial)

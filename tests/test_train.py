@@ -1,0 +1,171 @@
+"""End to end: train, crash and resume, evaluate, two CPU processes, and the command-line errors."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_file
+
+from zoo.engine import Trainer
+from zoo.evaluation import evaluate_run
+from zoo.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_RECIPE = {
+    "name": "tiny",
+    "seed": 3,
+    "model": {
+        "name": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1,
+        "num_heads": 2, "attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}},
+    },
+    "data": {
+        "name": "megamnist", "canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1,
+        "num_clutter": 1, "train_samples": 48, "val_samples": 16, "test_samples": 16, "batch_size": 8,
+        "num_workers": 0,
+    },
+    "optim": {"lr": 1e-3},
+    "schedule": {"warmup_steps": 2},
+    "train": {"epochs": 2, "log_every_steps": 1},
+}
+
+
+def write_recipe(tmp_path: Path, **overrides) -> Path:
+    recipe = yaml.safe_load(yaml.safe_dump(TINY_RECIPE))
+    for key, value in overrides.items():
+        recipe[key] = {**recipe.get(key, {}), **value}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def fit(recipe_path: Path, run_dir: Path, *, resume: bool = False) -> Trainer:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    trainer = Trainer(load_recipe(recipe_path), run_dir, resume=resume)
+    trainer.fit()
+    return trainer
+
+
+def run_tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
+    run_dir = tmp_path / "run"
+    fit(write_recipe(tmp_path), run_dir)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert records[-1]["step"] == 12
+    assert {"train_loss", "val_top1", "val_top5", "val_f1", "val_loss", "samples_per_s", "lr"} <= set(records[0])
+    for which in ("last", "best"):
+        assert (run_dir / "checkpoints" / which / "model.safetensors").is_file()
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+    assert load_recipe(run_dir / "recipe.yaml") == load_recipe(write_recipe(tmp_path))
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["steps"] == 12 and summary["replicas_identical"]
+
+    result = evaluate_run(run_dir, checkpoint="last", split="test")
+    assert result["metrics"]["samples"] == 16
+    assert 0.0 <= result["metrics"]["top1"] <= 1.0
+    assert torch.tensor(result["metrics"]["confusion"]).sum() == 16
+    assert Path(result["confusion_png"]).is_file()
+
+
+def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path, train={"checkpoint_every_steps": 4})
+    fit(recipe, tmp_path / "straight")
+
+    original = Trainer._train_batch
+    calls = {"n": 0}
+
+    def crash_after_five_batches(self, images, labels):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        return original(self, images, labels)
+
+    monkeypatch.setattr(Trainer, "_train_batch", crash_after_five_batches)
+    with pytest.raises(KeyboardInterrupt):
+        fit(recipe, tmp_path / "crashed")
+    meta = json.loads((tmp_path / "crashed" / "checkpoints" / "last" / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["batch_in_epoch"] == 4
+    monkeypatch.setattr(Trainer, "_train_batch", original)
+    resumed = fit(recipe, tmp_path / "crashed", resume=True)
+    assert resumed.state.step == 12
+
+    straight = load_file(str(tmp_path / "straight" / "checkpoints" / "last" / "model.safetensors"))
+    after_crash = load_file(str(tmp_path / "crashed" / "checkpoints" / "last" / "model.safetensors"))
+    assert straight.keys() == after_crash.keys()
+    for key in straight:
+        torch.testing.assert_close(after_crash[key], straight[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    trainer = fit(write_recipe(tmp_path), run_dir)
+    before = load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+
+    def broken_save_state(output_dir, **kwargs):
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "model.safetensors").write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer.accelerator, "save_state", broken_save_state)
+    with pytest.raises(OSError):
+        trainer._save("last")
+    after = load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_end_with_identical_replicas(tmp_path):
+    recipe = write_recipe(tmp_path, train={"epochs": 1})
+    run_dir = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         str(ROOT / "tools" / "train.py"), str(recipe), "--output", str(run_dir)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["num_processes"] == 2
+    assert summary["replicas_identical"] and len(summary["replica_checksums"]) == 2
+    # 48 samples / (8 per process x 2 processes) = 3 steps, with a Performer feature redraw at step 2
+    assert summary["steps"] == 3
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epocs=3", "train.epocs: unknown key (did you mean 'epochs'?)"),
+        ("model.img_size=-3", "model.img_size: expected an integer >= 8, got -3"),
+        ("train.mixed_precision=bf32", "train.mixed_precision: expected one of"),
+        ("model.attention.name=performr", "unknown attention 'performr' (did you mean 'performer'"),
+    ],
+)
+def test_malformed_recipes_give_one_line_and_exit_nonzero(tmp_path, override, message):
+    result = run_tool("tools/train.py", str(write_recipe(tmp_path)), "--set", override,
+                      "--output", str(tmp_path / "run"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and message in error_lines[0], result.stderr
+
+
+def test_missing_recipe_and_run_dir_name_the_path(tmp_path):
+    result = run_tool("tools/train.py", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2 and "nope.yaml" in result.stderr and "Traceback" not in result.stderr
+    result = run_tool("tools/eval.py", str(tmp_path / "no_run"))
+    assert result.returncode == 2 and "no_run" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_shipped_recipes_are_valid():
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        recipe = load_recipe(path)
+        assert recipe.name == path.stem

@@ -1,0 +1,38 @@
+#!/usr/bin/env python
+"""Evaluate a run's checkpoint: metrics to <run>/eval.json, the confusion matrix to <run>/confusion_<split>.png.
+
+    tools/eval.py runs/quickstart
+    tools/eval.py runs/quickstart --checkpoint last --split val
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from zoo.cli import run_cli
+from zoo.evaluation import evaluate_run
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", help="a run directory written by tools/train.py")
+    parser.add_argument("--checkpoint", default="best",
+                        help="best | last | a checkpoint directory | a .safetensors file (default: best)")
+    parser.add_argument("--split", default="test", choices=("val", "test"))
+    parser.add_argument("--output", help="where to write the JSON (default: <run_dir>/eval.json)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    run_dir = Path(args.run_dir)
+    result = evaluate_run(run_dir, checkpoint=args.checkpoint, split=args.split)
+    output = Path(args.output) if args.output else run_dir / "eval.json"
+    output.write_text(json.dumps(result, indent=2))
+    summary = " ".join(f"{k}={v:.4f}" for k, v in result["metrics"].items() if isinstance(v, float))
+    print(f"{args.split}: {summary}\nwrote {output} and {result['confusion_png']}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

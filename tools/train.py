@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Train a recipe through accelerate.
+
+    tools/train.py recipes/quickstart.yaml
+    tools/train.py recipes/vit_performer_1024.yaml --set train.epochs=3 model.attention.options.nb_features=128
+    accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from zoo.cli import run_cli
+from zoo.engine import Trainer, find_checkpoint
+from zoo.recipe import load_recipe
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("recipe", help="path of a recipe YAML file")
+    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                        help="override recipe values, e.g. --set train.epochs=3 model.attention.name=softmax")
+    parser.add_argument("--output", help="run directory (default: the recipe's output_dir, else runs/<name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a run directory that holds checkpoints (replaced once new ones exist)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    recipe = load_recipe(args.recipe, args.overrides)
+    run_dir = Path(args.output or recipe.output_dir or Path("runs") / recipe.name)
+    if not args.resume and find_checkpoint(run_dir) is not None:
+        if not args.overwrite:
+            raise FileExistsError(
+                f"{run_dir} already holds checkpoints: pass --resume to continue, --overwrite to start again, "
+                "or --output DIR"
+            )
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    Trainer(recipe, run_dir, resume=args.resume).fit()
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,158 @@
+"""Feature maps for kernelised (linear) attention: random projections and the maps phi with q.k ~ phi(q).phi(k).
+
+Shared by every variant that replaces `exp(q.k)` with a dot product of features: FAVOR+ (positive random
+features, `softmax_kernel_features`), generalized attention (`relu_kernel_features`) and linear attention
+(`elu_feature_map`). `_kernel.py` turns features into attention outputs.
+
+Letter legend: b - batch, h - heads, n - sequence length, d - head dim, r - features.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "gaussian_orthogonal_random_matrix",
+    "softmax_kernel_features",
+    "relu_kernel_features",
+    "elu_feature_map",
+]
+
+
+def gaussian_orthogonal_random_matrix(
+    nb_rows: int,
+    nb_cols: int,
+    *,
+    scaling: Literal["chi", "sqrt_d"] = "chi",
+    generator: Optional[torch.Generator] = None,
+    device: Optional[torch.device] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """Block-orthogonal gaussian projection `[nb_rows, nb_cols]` (FAVOR+ "ORF").
+
+    Rows come in blocks of `nb_cols` exactly orthogonal directions (QR of a gaussian `nb_cols x nb_cols` matrix,
+    signs fixed so the directions are Haar-distributed); the last block is truncated. Row norms are redrawn:
+    `scaling="chi"` gives each row the norm of a fresh gaussian `nb_cols`-vector (chi distribution, so every
+    row is marginally gaussian, the unbiased estimator), `"sqrt_d"` gives every row norm `sqrt(nb_cols)`.
+
+    Everything is drawn on the CPU in float64 from `generator` (a CPU generator; None = torch's global RNG)
+    and only then moved to `device` / `dtype`, so one seed gives the same matrix on every device.
+    """
+    if scaling not in ("chi", "sqrt_d"):
+        raise ValueError(f"scaling {scaling!r} is not one of 'chi', 'sqrt_d'")
+    if nb_rows < 1 or nb_cols < 1:
+        raise ValueError(f"nb_rows {nb_rows} and nb_cols {nb_cols} must both be positive")
+    nb_blocks = -(-nb_rows // nb_cols)
+    gaussian = torch.randn(nb_blocks, nb_cols, nb_cols, generator=generator, dtype=torch.float64)
+    q, r = torch.linalg.qr(gaussian)
+    # QR's sign convention biases the directions; multiplying by sign(diag(r)) makes q Haar-distributed.
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))[:, None, :]
+    matrix = q.transpose(-2, -1).reshape(nb_blocks * nb_cols, nb_cols)[:nb_rows]
+    if scaling == "chi":
+        norms = torch.randn(nb_rows, nb_cols, generator=generator, dtype=torch.float64).norm(dim=1)
+    else:
+        norms = torch.full((nb_rows,), math.sqrt(nb_cols), dtype=torch.float64)
+    return (matrix * norms[:, None]).to(device=device, dtype=dtype or torch.get_default_dtype())
+
+
+def _project(x: Tensor, projection: Tensor, normalize: bool) -> Tensor:
+    """`x: [b, h, n, d]`, `projection: [r, d]` -> `w.x: [b, h, n, r]`, with x scaled by d^-1/4 if `normalize`."""
+    weight = projection.to(x.dtype)
+    if normalize:
+        # Scaling the small [r, d] matrix instead of x: q.k then carries 1/sqrt(d), as in softmax attention.
+        weight = weight * x.shape[-1] ** -0.25
+    return torch.matmul(x, weight.t())
+
+
+def softmax_kernel_features(
+    x: Tensor,
+    projection: Tensor,
+    *,
+    is_query: bool,
+    mask: Optional[Tensor] = None,
+    causal: bool = False,
+    normalize: bool = True,
+    eps: float = 1e-4,
+) -> tuple[Tensor, Tensor]:
+    """FAVOR+ positive random features of the softmax kernel, stabilised.
+
+    x: `[b, h, n, d]`; projection: `[r, d]` (rows w); mask: `[b, n]` bool, True = keep, keys only.
+    Returns `phi: [b, h, n, r]` and `log_offset`: `[b, h, n]` for queries and for causal keys, `[b, h, 1]` for
+    non-causal keys, such that the exact features are
+
+        exp(w.x - |x|^2 / 2) / sqrt(r) = exp(log_offset) * (phi - eps / sqrt(r))
+
+    i.e. `phi = (exp(w.x - |x|^2/2 - log_offset) + eps) / sqrt(r)` (x scaled by d^-1/4 first if `normalize`;
+    `eps` is added after stabilisation, as in the reference implementation). `log_offset` carries no gradient.
+
+    The offset keeps the exponent <= 0, so no dtype overflows, and never mixes samples or future positions:
+    queries: the max over features of each row (it cancels between numerator and denominator);
+    keys, non-causal: one scalar per (sample, head), the max over features and over kept keys only;
+    keys, causal: the max over features of each key, to be passed to `kernel_attention` as `key_log_scale`.
+    Padded keys get zero features and, when causal, offset -inf (they cannot raise a running max).
+    """
+    if is_query and mask is not None:
+        raise ValueError("a key padding mask applies to keys; pass mask=None for queries")
+    nb_features = projection.shape[0]
+    scale = x.shape[-1] ** -0.5 if normalize else 1.0
+    dash = _project(x, projection, normalize)
+    with torch.no_grad():
+        # |x|^2 / 2 of the normalised data, [b, h, n, 1]; the stabiliser built from it is a constant.
+        half_sq = x.detach().square().sum(-1, keepdim=True) * (scale / 2)
+        row_max = dash.amax(-1, keepdim=True)
+    # Dividing by sqrt(r) inside the exponent costs nothing: it joins the per-row offset.
+    log_ratio = 0.5 * math.log(nb_features)
+    if is_query:
+        # The |x|^2 / 2 term is the same for every feature of a row: it cancels with the row max.
+        log_offset = row_max - half_sq
+        exponent = dash.sub_(row_max + log_ratio)
+    else:
+        with torch.no_grad():
+            key_max = row_max - half_sq
+            if causal:
+                log_offset = key_max
+            else:
+                kept_max = key_max if mask is None else key_max.masked_fill(~mask[:, None, :, None], float("-inf"))
+                log_offset = kept_max.amax(-2, keepdim=True)
+            shift = log_offset + log_ratio
+            if mask is not None:
+                # Padded keys: shift +inf, so exp gives exactly zero.
+                shift = shift.expand_as(key_max).masked_fill(~mask[:, None, :, None], float("inf"))
+        # Same |x|^2 / 2 as in half_sq, but with its gradient.
+        exponent = dash.sub_(x.square().sum(-1, keepdim=True) * (scale / 2) + shift)
+    floor = eps / math.sqrt(nb_features)
+    if mask is not None:
+        # The eps floor only for kept keys: padded keys' features stay exactly zero.
+        floor = mask[:, None, :, None].to(dash.dtype) * floor
+        if causal:
+            log_offset = log_offset.masked_fill(~mask[:, None, :, None], float("-inf"))
+    phi = torch.exp(exponent) + floor
+    return phi, log_offset.squeeze(-1)
+
+
+def relu_kernel_features(
+    x: Tensor,
+    projection: Tensor,
+    *,
+    mask: Optional[Tensor] = None,
+    normalize: bool = True,
+    eps: float = 1e-3,
+) -> Tensor:
+    """Generalized-attention features `relu(w.x) / sqrt(r) + eps` (Performer's ReLU kernel).
+
+    x: `[b, h, n, d]`; projection: `[r, d]`; mask: `[b, n]` bool, True = keep (padded keys get zero features)
+    -> `[b, h, n, r]`. Non-negative and bounded by |w||x|, so no stabiliser is needed.
+    """
+    phi = F.relu(_project(x, projection, normalize)) * projection.shape[0] ** -0.5 + eps
+    if mask is not None:
+        phi = phi * mask[:, None, :, None].to(phi.dtype)
+    return phi
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """Linear-attention features `elu(x) + 1` (Katharopoulos et al. 2020); any shape, elementwise."""
+    return F.elu(x) + 1

@@ -1,0 +1,180 @@
+"""Linear attention on feature maps: `out_i = sum_j (phi_q_i . phi_k_j) v_j / sum_j (phi_q_i . phi_k_j)`.
+
+The core every kernelised variant shares (Performer, linear attention): non-causal in two matmuls, causal by
+chunked prefix sums (quadratic inside a chunk, a carried state across chunks), and a recurrent step for
+token-by-token decoding that equals the causal output.
+
+Keys may carry a log-scale `m_j` (the true key feature is `exp(m_j) * phi_k_j`), so features stabilised per key
+combine exactly like online softmax: weights `exp(m_j - M_i)` with `M_i` the running max, never above 1.
+
+Letter legend: b - batch, h - heads, n - query length, m - key length, d - value dim, e - value dim + 1
+(values with a ones column appended, whose output is the normaliser), r - features, k - chunks, w - chunk length.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from ._common import pad_to_multiple
+
+__all__ = ["kernel_attention", "kernel_attention_step", "KernelState", "DENOMINATOR_EPS"]
+
+# (S: [b, h, r, d], z: [b, h, r], offset: [b, h]): sum_j exp(m_j - offset) phi_k_j v_j^T and phi_k_j.
+KernelState = tuple[Tensor, Tensor, Tensor]
+
+# Normaliser floor: only rows with no kept key come near it (a kept key contributes at least ~eps_feature^2).
+DENOMINATOR_EPS = 1e-12
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Sums over thousands of keys lose too much in half precision: accumulate in float32 at least.
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _finite(log_scale: Tensor) -> Tensor:
+    # -inf marks keys that carry no weight; the lowest finite value keeps differences of two of them at 0, not NaN.
+    return log_scale.clamp_min(torch.finfo(log_scale.dtype).min)
+
+
+def _with_ones(v: Tensor) -> Tensor:
+    """`[b, h, m, d]` -> `[b, h, m, e]`: the ones column turns the normaliser into one more output column."""
+    return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+
+
+def _normalise(out: Tensor, eps: float) -> Tensor:
+    """`[b, h, n, e]` -> `[b, h, n, d]`: numerator over the normaliser column, guarded for rows with no key."""
+    return out[..., :-1] / out[..., -1:].clamp_min(eps)
+
+
+def kernel_attention(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    *,
+    key_log_scale: Optional[Tensor] = None,
+    is_causal: bool = False,
+    chunk_size: int = 128,
+    eps: float = DENOMINATOR_EPS,
+) -> Tensor:
+    """Attention with weights `phi_q_i . phi_k_j * exp(key_log_scale_j)`, normalised over the keys.
+
+    phi_q: `[b, h, n, r]`, phi_k: `[b, h, m, r]` (non-negative; padded keys already zero), v: `[b, h, m, d]`,
+    key_log_scale: `[b, h, m]` or None (= 0; -inf gives a key no weight) -> `[b, h, n, d]` in v's dtype.
+
+    Non-causal: `S = phi_k^T v`, `z = phi_k^T 1`, `out = phi_q S / phi_q z`, never forming `[n, m]`.
+    Causal (n == m): chunks of `chunk_size` (the length is padded internally), masked quadratic attention inside
+    a chunk plus the state of all earlier chunks, so memory is `[n, w]` and `[n / w, r, d]`, never `[n, r, d]`.
+    With key_log_scale the weights are `exp(m_j - M_i)`, `M_i` = max of `m_j` over the keys query i sees, so
+    nothing overflows and no query depends on a key it does not see.
+    A row whose normaliser is below `eps` (no kept key) is divided by `eps`: zero, not NaN.
+    Computed in float32 at least, with autocast off.
+    """
+    if phi_q.shape[-1] != phi_k.shape[-1] or phi_k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"phi_q {tuple(phi_q.shape)}, phi_k {tuple(phi_k.shape)} and v {tuple(v.shape)} do not fit "
+            "[b, h, n, r], [b, h, m, r], [b, h, m, d]"
+        )
+    if is_causal and phi_q.shape[-2] != phi_k.shape[-2]:
+        raise ValueError(
+            f"causal kernel attention needs as many queries as keys, got {phi_q.shape[-2]} and {phi_k.shape[-2]}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size {chunk_size} must be a positive integer")
+    out_dtype = v.dtype
+    dtype = _compute_dtype(torch.promote_types(phi_q.dtype, v.dtype))
+    # Features are exponentials: bf16 / fp16 sums over many keys would lose the normaliser, so autocast is off.
+    with torch.autocast(v.device.type, enabled=False):
+        phi_q, phi_k, v1 = phi_q.to(dtype), phi_k.to(dtype), _with_ones(v.to(dtype))
+        if key_log_scale is not None:
+            key_log_scale = _finite(key_log_scale.to(dtype))
+        if is_causal:
+            out = _causal(phi_q, phi_k, v1, key_log_scale, chunk_size)
+        else:
+            if key_log_scale is not None:
+                weight = torch.exp(key_log_scale - key_log_scale.amax(-1, keepdim=True))
+                v1 = v1 * weight[..., None]
+            out = torch.matmul(phi_q, torch.matmul(phi_k.transpose(-2, -1), v1))
+        return _normalise(out, eps).to(out_dtype)
+
+
+def _causal(phi_q: Tensor, phi_k: Tensor, v1: Tensor, log_scale: Optional[Tensor], chunk_size: int) -> Tensor:
+    """Causal numerator and normaliser `[b, h, n, e]` by chunked prefix sums (see `kernel_attention`)."""
+    n = phi_q.shape[-2]
+    w = min(chunk_size, n)
+    phi_q, _ = pad_to_multiple(phi_q, w)
+    phi_k, _ = pad_to_multiple(phi_k, w)
+    v1, _ = pad_to_multiple(v1, w)
+    qc, kc, vc = (rearrange(t, "b h (k w) x -> b h k w x", w=w) for t in (phi_q, phi_k, v1))
+    # [w, w]: key j of a chunk is seen by query i of the same chunk when j <= i.
+    keep = torch.ones(w, w, dtype=torch.bool, device=phi_q.device).tril()
+    scores = torch.matmul(qc, kc.transpose(-2, -1))
+    if log_scale is None:
+        intra = torch.matmul(scores.masked_fill(~keep, 0.0), vc)
+        # Per-chunk states sum_j phi_k_j v1_j^T, then an exclusive prefix sum over chunks.
+        chunk_states = torch.matmul(kc.transpose(-2, -1), vc)
+        states = torch.cat([torch.zeros_like(chunk_states[:, :, :1]), chunk_states[:, :, :-1].cumsum(2)], dim=2)
+        out = intra + torch.matmul(qc, states)
+    else:
+        floor = torch.finfo(log_scale.dtype).min
+        log_scale, _ = pad_to_multiple(log_scale[..., None], w, value=floor)
+        running_max = rearrange(log_scale.squeeze(-1).cummax(-1).values, "b h (k w) -> b h k w", w=w)
+        lc = rearrange(log_scale.squeeze(-1), "b h (k w) -> b h k w", w=w)
+        # exp(m_j - M_i) for j <= i in the chunk: <= 1, and exactly 0 above the diagonal.
+        decay = torch.exp((lc[..., None, :] - running_max[..., :, None]).masked_fill(~keep, float("-inf")))
+        intra = torch.matmul(scores * decay, vc)
+        # Each chunk's state relative to its own max, then carried across chunks like online softmax: the
+        # carried state has offset `carried` (max over earlier chunks), rescaled when that max grows.
+        chunk_max = lc.amax(-1)
+        chunk_states = torch.matmul(kc.transpose(-2, -1), vc * torch.exp(lc - chunk_max[..., None])[..., None])
+        carried = torch.cat([torch.full_like(chunk_max[..., :1], floor), chunk_max[..., :-1].cummax(-1).values], -1)
+        grow = torch.exp(carried[..., :-1] - carried[..., 1:])
+        enter = torch.exp(chunk_max[..., :-1] - carried[..., 1:])
+        state = torch.zeros_like(chunk_states[:, :, 0])
+        states = [state]
+        for c in range(chunk_states.shape[2] - 1):
+            state = state * grow[..., c, None, None] + chunk_states[:, :, c] * enter[..., c, None, None]
+            states.append(state)
+        inter = torch.matmul(qc, torch.stack(states, dim=2)) * torch.exp(carried[..., None] - running_max)[..., None]
+        out = intra + inter
+    return rearrange(out, "b h k w e -> b h (k w) e")[:, :, :n]
+
+
+def kernel_attention_step(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    state: Optional[KernelState] = None,
+    *,
+    key_log_scale: Optional[Tensor] = None,
+    eps: float = DENOMINATOR_EPS,
+) -> tuple[Tensor, KernelState]:
+    """One token of causal kernel attention: O(r d) time and memory whatever the position.
+
+    phi_q, phi_k: `[b, h, r]`, v: `[b, h, d]`, key_log_scale: `[b, h]` or None; state: the previous step's
+    (S `[b, h, r, d]`, z `[b, h, r]`, offset `[b, h]`), None before the first token -> out `[b, h, d]` in v's
+    dtype and the new state (float32 at least). Step by step this equals `kernel_attention(is_causal=True)`.
+    """
+    out_dtype = v.dtype
+    dtype = _compute_dtype(torch.promote_types(phi_q.dtype, v.dtype))
+    with torch.autocast(v.device.type, enabled=False):
+        phi_q, phi_k, v = phi_q.to(dtype), phi_k.to(dtype), v.to(dtype)
+        log_scale = torch.zeros(v.shape[:-1], dtype=dtype, device=v.device)
+        if key_log_scale is not None:
+            log_scale = _finite(key_log_scale.to(dtype))
+        if state is None:
+            kv = torch.zeros(*phi_k.shape, v.shape[-1], dtype=dtype, device=v.device)
+            z = torch.zeros_like(phi_k)
+            offset = torch.full_like(log_scale, torch.finfo(dtype).min)
+        else:
+            kv, z, offset = state
+        new_offset = torch.maximum(offset, log_scale)
+        grow = torch.exp(offset - new_offset)[..., None]
+        enter = torch.exp(log_scale - new_offset)[..., None]
+        kv = kv * grow[..., None] + (enter * phi_k)[..., None] * v[..., None, :]
+        z = z * grow + enter * phi_k
+        num = torch.einsum("bhr,bhrd->bhd", phi_q, kv)
+        den = torch.einsum("bhr,bhr->bh", phi_q, z)[..., None]
+        return (num / den.clamp_min(eps)).to(out_dtype), (kv, z, new_offset)

@@ -1,0 +1,121 @@
+"""Attention registry: every variant registers its class under one name.
+
+`create_attention(name, dim, num_heads, **options)` builds a module; `attention_class(name, **options)` returns a
+class with the options bound, for timm's `attn_layer` slot (which must be a class, not a partial).
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from torch import nn
+
+__all__ = [
+    "register_attention",
+    "create_attention",
+    "attention_class",
+    "get_attention",
+    "list_attentions",
+    "attention_options",
+    "on_optimizer_step",
+    "auxiliary_loss",
+]
+
+_ATTENTIONS: dict[str, type[nn.Module]] = {}
+
+
+def register_attention(name: str):
+    """Class decorator: register an attention variant under `name` (a duplicate name raises)."""
+
+    def decorator(cls: type[nn.Module]) -> type[nn.Module]:
+        if name in _ATTENTIONS:
+            raise ValueError(f"attention {name!r} is already registered by {_ATTENTIONS[name].__qualname__}")
+        cls.attention_name = name
+        _ATTENTIONS[name] = cls
+        return cls
+
+    return decorator
+
+
+def list_attentions() -> list[str]:
+    return sorted(_ATTENTIONS)
+
+
+def get_attention(name: str) -> type[nn.Module]:
+    if name not in _ATTENTIONS:
+        close = difflib.get_close_matches(name, list(_ATTENTIONS), n=3)
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown attention {name!r}{hint}; known: {', '.join(list_attentions())}")
+    return _ATTENTIONS[name]
+
+
+def attention_options(name: str) -> dict[str, Any]:
+    """The variant's own keyword-only options and their defaults."""
+    params = inspect.signature(get_attention(name).__init__).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _check_options(name: str, options: dict[str, Any]) -> None:
+    allowed = attention_options(name)
+    for key in options:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            listed = ", ".join(allowed) or "none"
+            raise ValueError(f"attention {name!r} has no option {key!r}{hint}; its options: {listed}")
+
+
+def attention_class(name: str, **options: Any) -> type[nn.Module]:
+    """A subclass of variant `name` whose constructor has `options` bound, usable as timm's `attn_layer`."""
+    cls = get_attention(name)
+    _check_options(name, options)
+    if not options:
+        return cls
+    bound = dict(options)
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **{**bound, **kwargs})
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "bound_options": bound})
+
+
+def create_attention(name: str, dim: int, num_heads: int = 8, **options: Any) -> nn.Module:
+    """Build variant `name`. `options` mixes timm's shared arguments (qkv_bias, qk_norm, ...) and its own."""
+    cls = get_attention(name)
+    shared = {k: v for k, v in options.items() if k in _TIMM_ARGS}
+    own = {k: v for k, v in options.items() if k not in _TIMM_ARGS}
+    _check_options(name, own)
+    return cls(dim, num_heads=num_heads, **shared, **own)
+
+
+def on_optimizer_step(model: nn.Module) -> None:
+    """Tell every attention module that an optimizer step happened (e.g. Performer feature redraws)."""
+    for module in model.modules():
+        hook = getattr(module, "on_optimizer_step", None)
+        if hook is not None:
+            hook()
+
+
+_TIMM_ARGS = frozenset(
+    {
+        "attn_head_dim",
+        "dim_out",
+        "qkv_bias",
+        "qk_norm",
+        "scale_norm",
+        "proj_bias",
+        "gated",
+        "attn_drop",
+        "proj_drop",
+        "norm_layer",
+        "device",
+        "dtype",
+    }
+)
+
+
+def auxiliary_loss(model: nn.Module):
+    """Sum of the `aux_loss` tensors that attention modules set in their last forward (e.g. VQ commitment)."""
+    losses = [m.aux_loss for m in model.modules() if getattr(m, "aux_loss", None) is not None]
+    return sum(losses) if losses else 0.0

@@ -1,0 +1,135 @@
+"""BigBird: "Big Bird: Transformers for Longer Sequences" (Zaheer et al. 2020), https://arxiv.org/abs/2007.14062
+
+The blocked ITC variant: the sequence in blocks of `block_size` (64); each query block attends to a window of 3
+blocks (itself and its neighbours), to the 2 global blocks (the first and the last, which also attend to the whole
+sequence) and to `num_random_blocks` (3) random key blocks drawn per head and query block from the blocks outside
+its window and the global ones. One softmax over the union of these keys per query: memory and time
+O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks come from a generator seeded by the `random_seed`
+buffer, so they are the same on every call, replica and resumed run for a given length (the original code also
+fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._blocks import BlockLayout, as_sdpa_mask, check_int, rows_attention
+from ._common import AttentionBase
+from ._registry import register_attention
+
+__all__ = ["BigBirdAttention", "bigbird_attention", "bigbird_layout", "draw_random_blocks", "global_blocks"]
+
+
+def bigbird_layout(length: int, block_size: int) -> BlockLayout:
+    """Blocks of `block_size` (of the length, if shorter), each seeing its neighbours."""
+    block = min(block_size, length)
+    reach = min(1, -(-length // block) - 1)
+    return BlockLayout(length, block, before=reach, after=reach)
+
+
+def global_blocks(num_blocks: int) -> list[int]:
+    """The global blocks of the ITC construction: the first and the last."""
+    return sorted({0, num_blocks - 1})
+
+
+def draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, generator: torch.Generator) -> Tensor:
+    """`[h, k, r]` long: for each head and query block, r distinct key blocks outside its window and the global
+    blocks, -1 where fewer than r such blocks exist."""
+    blocks = torch.arange(num_blocks)
+    excluded = ((blocks[:, None] - blocks[None, :]).abs() <= 1) | (blocks == 0) | (blocks == num_blocks - 1)
+    scores = torch.rand(num_heads, num_blocks, num_blocks, generator=generator).masked_fill(excluded, 2.0)
+    values, picks = scores.topk(min(num_random, num_blocks), dim=-1, largest=False)
+    picks = picks.masked_fill(values > 1, -1)
+    return F.pad(picks, (0, num_random - picks.shape[-1]), value=-1)
+
+
+def bigbird_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    random_blocks: Tensor,
+    mask: Tensor | None = None,
+    *,
+    block_size: int = 64,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """BigBird block-sparse attention.
+
+    q, k, v: `[b, h, n, d]`; random_blocks: `[h, k, r]` long key blocks per head and query block, -1 = none
+    (`draw_random_blocks` for `bigbird_layout(n, block_size).num_blocks`); mask: `[b, n]` bool key padding mask,
+    True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside, the output unpadded.
+    """
+    b, h, n, _ = q.shape
+    layout = bigbird_layout(n, block_size)
+    blocks, w = layout.num_blocks, layout.block
+    if random_blocks.shape[:2] != (h, blocks):
+        raise ValueError(f"random_blocks of shape {tuple(random_blocks.shape)} do not fit {h} heads x {blocks} blocks")
+    keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
+    query_block = torch.arange(blocks, device=q.device)[:, None]
+    glob = torch.tensor(global_blocks(blocks), device=q.device)
+    window = query_block + torch.arange(-layout.before, layout.after + 1, device=q.device)  # [k, 3]
+    picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
+    # The key blocks of every query block and head, [k, h, s]: window, global, random. A slot is void outside the
+    # sequence, for a global block the window already holds, and for a missing random pick.
+    index = torch.cat(
+        [window.clamp(0, blocks - 1)[:, None].expand(-1, h, -1), glob.expand(blocks, h, -1), picks.clamp(min=0)], -1
+    )
+    valid = torch.cat(
+        [
+            ((window >= 0) & (window < blocks))[:, None].expand(-1, h, -1),
+            ((glob - query_block).abs() > layout.before)[:, None].expand(-1, h, -1),
+            picks >= 0,
+        ],
+        dim=-1,
+    )
+    attn_mask = (keep.view(-1, blocks, w)[:, index] & valid[..., None]).flatten(-2)  # [b, k, h, (s w)]
+    out = F.scaled_dot_product_attention(
+        layout.blocks(q),
+        layout.gather(k, index),
+        layout.gather(v, index),
+        attn_mask=as_sdpa_mask(attn_mask[:, :, :, None], b),
+        dropout_p=dropout_p,
+        scale=scale,
+    )
+    out = layout.unblock(out, b)
+    # The global blocks' queries attend to the whole sequence.
+    rows = (glob[:, None] * w + torch.arange(w, device=q.device)).flatten()
+    rows = rows[rows < n]
+    return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep[:, :n], False, scale, dropout_p))
+
+
+@register_attention("bigbird")
+class BigBirdAttention(AttentionBase):
+    """BigBird-ITC: window of 3 blocks + first/last global blocks + `num_random_blocks` (3) random blocks of
+    `block_size` (64)."""
+
+    has_attention_weights = True
+
+    def __init__(
+        self, dim: int, num_heads: int = 8, *, block_size: int = 64, num_random_blocks: int = 3, **timm_args
+    ) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.block_size = check_int("block_size", block_size, 1)
+        self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
+        # Drawn from the global generator once, then saved with the weights: every call, replica and resumed run
+        # uses the same random blocks.
+        self.register_buffer("random_seed", torch.randint(2**62, ()), persistent=True)
+
+    def random_blocks(self, length: int) -> Tensor:
+        """`[h, k, r]` random key blocks for a sequence of `length` (see `draw_random_blocks`)."""
+        generator = torch.Generator().manual_seed(int(self.random_seed))
+        num_blocks = bigbird_layout(length, self.block_size).num_blocks
+        return draw_random_blocks(num_blocks, self.num_heads, self.num_random_blocks, generator)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        random_blocks = self.random_blocks(q.shape[-2]).to(q.device)
+        return bigbird_attention(
+            q, k, v, random_blocks, mask, block_size=self.block_size, scale=self.scale, dropout_p=dropout_p
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, block_size={self.block_size}, num_random_blocks={self.num_random_blocks}"

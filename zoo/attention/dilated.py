@@ -1,0 +1,88 @@
+"""Dilated (atrous) sliding-window attention, after the strided pattern of "Generating Long Sequences with Sparse
+Transformers" (Child et al. 2019), https://arxiv.org/abs/1904.10509, as "Atrous Self Attention" and Longformer's
+dilated sliding window (Beltagy et al. 2020, https://arxiv.org/abs/2004.05150).
+
+Query i attends to the keys j with i - j a multiple of `dilation` and |i - j| <= `window` (causal:
+0 <= i - j <= window): `window // dilation + 1` keys each side, spread over the `window` span. Positions are
+regrouped by i mod dilation, where the pattern is a plain sliding window of `window // dilation` steps, computed
+blocked by `local_attention`: memory and time O(n * window / dilation). `dilation=1` is `local`; a window
+covering the sequence with dilation 1 is exact softmax attention.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from ._blocks import check_int
+from ._common import AttentionBase, pad_to_multiple
+from ._registry import register_attention
+from .local import local_attention
+
+__all__ = ["DilatedAttention", "dilated_attention"]
+
+
+def dilated_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    window: int = 256,
+    dilation: int = 2,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Dilated sliding-window attention.
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: the
+    sequence is padded to a multiple of `dilation` (and to whole blocks) inside and the output unpadded.
+    """
+    if window < dilation:
+        raise ValueError(f"window={window} is shorter than dilation={dilation}: no key but the query itself")
+    b, _, n, _ = q.shape
+    if dilation == 1:
+        return local_attention(q, k, v, mask, is_causal, window=window, scale=scale, dropout_p=dropout_p)
+    (q, pad), (k, _), (v, _) = (pad_to_multiple(x, dilation) for x in (q, k, v))
+    if mask is not None or pad:
+        mask = torch.ones(b, n, dtype=torch.bool, device=q.device) if mask is None else mask
+        mask = rearrange(F.pad(mask, (0, pad), value=False), "b (t r) -> (b r) t", r=dilation)
+    # Residue class i mod dilation becomes a batch entry: b, h, (t r), d -> (b r), h, t, d.
+    q, k, v = (rearrange(x, "b h (t r) d -> (b r) h t d", r=dilation) for x in (q, k, v))
+    out = local_attention(q, k, v, mask, is_causal, window=window // dilation, scale=scale, dropout_p=dropout_p)
+    return rearrange(out, "(b r) h t d -> b h (t r) d", b=b)[:, :, :n]
+
+
+@register_attention("dilated")
+class DilatedAttention(AttentionBase):
+    """Dilated sliding window: keys at multiples of `dilation` (default 2) within `window` (default 256)."""
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(self, dim: int, num_heads: int = 8, *, window: int = 256, dilation: int = 2, **timm_args) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.window = check_int("window", window, 1)
+        self.dilation = check_int("dilation", dilation, 1)
+        if window < dilation:
+            raise ValueError(f"window={window} is shorter than dilation={dilation}; use window >= dilation")
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return dilated_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal,
+            window=self.window,
+            dilation=self.dilation,
+            scale=self.scale,
+            dropout_p=dropout_p,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, window={self.window}, dilation={self.dilation}"

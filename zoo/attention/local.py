@@ -1,0 +1,70 @@
+"""Sliding-window (local) attention, computed in blocks.
+
+Each query attends to the keys within `window` positions on either side, |i - j| <= window (causal:
+0 <= i - j <= window), as in the local attention baseline of "Long Range Arena" (Tay et al. 2020),
+https://arxiv.org/abs/2011.04006, and the sliding window of "Longformer" (Beltagy et al. 2020),
+https://arxiv.org/abs/2004.05150. The sequence is cut into blocks of the window length, each block attends to
+itself and its neighbour blocks, and a band mask keeps the exact window: memory and time O(n * window), no
+n x n tensor. A window as long as the sequence is exact softmax attention.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._blocks import as_sdpa_mask, band_keep, check_int, window_layout
+from ._common import AttentionBase
+from ._registry import register_attention
+
+__all__ = ["LocalAttention", "local_attention"]
+
+
+def local_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    window: int = 256,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Sliding-window attention.
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: the
+    sequence is padded to whole blocks inside and the output unpadded.
+    """
+    b, _, n, _ = q.shape
+    layout = window_layout(n, window, is_causal)
+    keep = layout.window_keep(layout.keep(mask, b, q.device))  # [b, k, (s w)]
+    keep = keep[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)[None]
+    out = F.scaled_dot_product_attention(
+        layout.blocks(q),
+        layout.windows(k),
+        layout.windows(v),
+        attn_mask=as_sdpa_mask(keep, b),
+        dropout_p=dropout_p,
+        scale=scale,
+    )
+    return layout.unblock(out, b)
+
+
+@register_attention("local")
+class LocalAttention(AttentionBase):
+    """Sliding-window attention: `window` positions each side (behind, when causal), default 256."""
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(self, dim: int, num_heads: int = 8, *, window: int = 256, **timm_args) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.window = check_int("window", window, 1)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return local_attention(q, k, v, mask, is_causal, window=self.window, scale=self.scale, dropout_p=dropout_p)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, window={self.window}"

@@ -1,0 +1,104 @@
+"""Longformer: "Longformer: The Long-Document Transformer" (Beltagy et al. 2020), https://arxiv.org/abs/2004.05150
+
+A sliding window of `window` positions each side (the paper's window of 2 * window + 1) plus global positions
+(by default index 0, the class token) that attend to every position and that every position attends to. The
+window is computed blocked (`local`'s machinery) with the global keys appended to every block, the global queries
+attend to the whole sequence: memory and time O(n * (window + g)). Each query has one softmax over the union of its
+window and the global keys, a key in both counted once. A window as long as the sequence is exact attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._blocks import as_sdpa_mask, band_keep, check_int, rows_attention, window_layout
+from ._common import AttentionBase
+from ._registry import register_attention
+
+__all__ = ["LongformerAttention", "longformer_attention"]
+
+
+def longformer_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    window: int = 256,
+    global_indices: Sequence[int] = (0,),
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Sliding-window attention with global positions.
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep; global_indices: g distinct
+    positions in [0, n) -> `[b, h, n, d]`. Causal: every query, global ones included, sees only j <= i.
+    """
+    b, _, n, _ = q.shape
+    if any(index >= n for index in global_indices):
+        raise ValueError(f"global_indices {tuple(global_indices)} reach past the sequence length {n}")
+    layout = window_layout(n, window, is_causal)
+    keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
+    attn_mask = layout.window_keep(keep)[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)
+    rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
+    if len(rows):
+        # Global keys join every block's keys, except for queries whose window already holds them.
+        offsets = layout.query_positions(q.device)[..., None] - rows  # [k, w, g]
+        outside = ~band_keep(offsets, window, is_causal)
+        if is_causal:
+            outside &= offsets >= 0
+        global_mask = keep[:, rows][:, None, None, None, :] & outside[None, :, None]  # [b, k, 1, w, g]
+        attn_mask = torch.cat([attn_mask, global_mask], dim=-1)
+    keys = layout.windows(k, extra=k[:, :, rows] if len(rows) else None)
+    values = layout.windows(v, extra=v[:, :, rows] if len(rows) else None)
+    out = F.scaled_dot_product_attention(
+        layout.blocks(q), keys, values, attn_mask=as_sdpa_mask(attn_mask, b), dropout_p=dropout_p, scale=scale
+    )
+    out = layout.unblock(out, b)
+    if len(rows):
+        # Global queries attend to the whole sequence.
+        out_rows = rows_attention(q, k, v, rows, keep[:, :n], is_causal, scale, dropout_p)
+        out = out.index_copy(2, rows, out_rows)
+    return out
+
+
+@register_attention("longformer")
+class LongformerAttention(AttentionBase):
+    """Sliding window of `window` (default 256) each side + global positions (default the class token, 0)."""
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(
+        self, dim: int, num_heads: int = 8, *, window: int = 256, global_indices: Sequence[int] = (0,), **timm_args
+    ) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.window = check_int("window", window, 1)
+        indices = tuple(global_indices)
+        for index in indices:
+            check_int("each of global_indices", index, 0)
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"global_indices={indices} repeats a position; give each position once")
+        self.global_indices = indices
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return longformer_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal,
+            window=self.window,
+            global_indices=self.global_indices,
+            scale=self.scale,
+            dropout_p=dropout_p,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, window={self.window}, global_indices={self.global_indices}"

@@ -1,0 +1,160 @@
+"""Nystromformer: "Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention" (Xiong et al. 2021),
+https://arxiv.org/abs/2102.03902
+
+Softmax attention `S = softmax(q k^T)` approximated through `r` landmarks (segment means of the queries and
+keys): `S ~ softmax(q k_l^T) pinv(softmax(q_l k_l^T)) softmax(q_l k^T)`, with the pseudo-inverse by the paper's
+iterative (Razavi et al.) scheme, so the cost is linear in n. An optional depthwise convolution of the values
+along the sequence is added as a skip connection (the paper's and the authors' code's choice).
+
+Per-sample throughout: landmarks are masked means over each segment's kept tokens (padded tokens never enter a
+landmark, a softmax or its normaliser), and the pseudo-inverse's initial scale `1 / (||A||_1 ||A||_inf)` is
+taken per (sample, head), never over the batch as the authors' code's default did. A length that does not
+divide into the landmark count is padded internally (pad tokens are masked), and the output unpadded. With
+at least as many landmarks as tokens every token is its own landmark, the approximation tends to exact
+attention as the pseudo-inverse converges, and exact softmax attention is computed directly.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
+from ._registry import register_attention
+from .linformer import check_int, masked_softmax
+from .softmax import softmax_attention
+
+__all__ = ["NystromAttention", "nystrom_attention", "iterative_pinv"]
+
+
+def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
+    """Approximate Moore-Penrose pseudo-inverse of `a: [..., r, r]` (paper eq. 16), batched -> `[..., r, r]`.
+
+    `Z_0 = a^T / (||a||_1 ||a||_inf)` with both norms per matrix (per sample and head), then
+    `Z <- Z (13 I - a Z (15 I - a Z (7 I - a Z))) / 4`.
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    abs_a = a.abs()
+    norm_1 = abs_a.sum(dim=-2).amax(dim=-1)  # max column sum
+    norm_inf = abs_a.sum(dim=-1).amax(dim=-1)  # max row sum
+    z = a.transpose(-2, -1) / (norm_1 * norm_inf)[..., None, None]
+    for _ in range(iterations):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def nystrom_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    num_landmarks: int = 64,
+    pinv_iterations: int = 6,
+    scale: Optional[float] = None,
+) -> Tensor:
+    """Nystrom approximation of softmax attention (no convolution skip; the module adds it).
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool padding mask, True = keep (self-attention: it drops keys and
+    keeps padded queries out of the query landmarks) -> `[b, h, n, d]` in v's dtype, computed in float32 at
+    least. The sequence is padded to `r * w`, `w = ceil(n / r)`; landmark i is the mean of the kept tokens in
+    segment i, `q_l, k_l: [b, h, r, d]`. A segment with no kept token has no landmark: its column is dropped from
+    the first two kernels and its row of the middle kernel is the identity, so it adds nothing.
+    """
+    b, h, n, d = q.shape
+    r = num_landmarks
+    w = -(-n // r)
+    out_dtype = v.dtype
+    dtype = torch.promote_types(v.dtype, torch.float32)
+    keep = mask
+    if keep is not None or r * w > n:
+        keep = torch.ones(b, n, dtype=torch.bool, device=q.device) if keep is None else keep
+        keep = F.pad(keep, (0, r * w - n), value=False)
+    # The pinv iterations and the three softmaxes lose too much in half precision: float32 inside.
+    with torch.autocast(q.device.type, enabled=False):
+        q = masked_fill_keys(pad_to_multiple(q.to(dtype), r * w)[0], keep) * (scale or d**-0.5)
+        k = masked_fill_keys(pad_to_multiple(k.to(dtype), r * w)[0], keep)
+        v = pad_to_multiple(v.to(dtype), r * w)[0]
+        key_keep = landmark_keep = middle_keep = None
+        counts = torch.full((1, r), w, device=q.device)
+        if keep is not None:
+            counts = rearrange(keep, "b (r w) -> b r w", w=w).sum(-1)  # b r
+            has_landmark = counts > 0
+            key_keep, landmark_keep = keep[:, None, None, :], has_landmark[:, None, None, :]
+            eye = torch.eye(r, dtype=torch.bool, device=q.device)
+            middle_keep = (has_landmark[:, None, :, None] & landmark_keep) | eye
+        denominator = counts.clamp_min(1).to(dtype)[:, None, :, None]
+        q_l = rearrange(q, "b h (r w) d -> b h r w d", w=w).sum(-2) / denominator
+        k_l = rearrange(k, "b h (r w) d -> b h r w d", w=w).sum(-2) / denominator
+
+        kernel_1 = masked_softmax(q @ k_l.transpose(-2, -1), landmark_keep)  # b h n r
+        kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
+        kernel_3 = masked_softmax(q_l @ k.transpose(-2, -1), key_keep)  # b h r n
+        out = kernel_1 @ (iterative_pinv(kernel_2, pinv_iterations) @ (kernel_3 @ v))
+    return out[:, :, :n].to(out_dtype)
+
+
+@register_attention("nystrom")
+class NystromAttention(AttentionBase):
+    """Nystromformer multi-head attention with timm's projections; non-causal.
+
+    `conv_kernel_size` (odd, or None / 0 for none): a depthwise convolution over the sequence, one kernel per
+    head shared across the head dim (the authors' `Conv2d(h, h, (K, 1), groups=h)`), applied to the values with
+    padded tokens zeroed and added to the attention output. Attention dropout is refused: dropping entries of
+    the three kernels would break the pseudo-inverse they are built around.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        num_landmarks: int = 64,
+        pinv_iterations: int = 6,
+        conv_kernel_size: Optional[int] = 33,
+        **timm_args,
+    ) -> None:
+        check_int("num_landmarks", num_landmarks, 1)
+        check_int("pinv_iterations", pinv_iterations, 0)
+        if conv_kernel_size is not None:
+            check_int("conv_kernel_size", conv_kernel_size, 0)
+            if conv_kernel_size % 2 == 0 and conv_kernel_size:
+                raise ValueError(f"conv_kernel_size={conv_kernel_size} must be odd (or None / 0 for no convolution)")
+        super().__init__(dim, num_heads, **timm_args)
+        self.num_landmarks = num_landmarks
+        self.pinv_iterations = pinv_iterations
+        self.conv_kernel_size = conv_kernel_size or None
+        self.conv = None
+        if self.conv_kernel_size:
+            self.conv = nn.Conv2d(
+                num_heads,
+                num_heads,
+                (conv_kernel_size, 1),
+                padding=(conv_kernel_size // 2, 0),
+                groups=num_heads,
+                bias=False,
+                device=timm_args.get("device"),
+                dtype=timm_args.get("dtype"),
+            )
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+        if q.shape[-2] <= self.num_landmarks:
+            keep = mask[:, None, None, :] if mask is not None else None
+            out = softmax_attention(q, k, v, keep, scale=self.scale)
+        else:
+            out = nystrom_attention(
+                q, k, v, mask, num_landmarks=self.num_landmarks, pinv_iterations=self.pinv_iterations, scale=self.scale
+            )
+        if self.conv is not None:
+            out = out + self.conv(masked_fill_keys(v, mask))
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, num_landmarks={self.num_landmarks}, pinv_iterations={self.pinv_iterations}, "
+            f"conv_kernel_size={self.conv_kernel_size}"
+        )

@@ -1,0 +1,532 @@
+"""LSH attention: "Reformer: The Efficient Transformer" (Kitaev et al. 2020), https://arxiv.org/abs/2001.04451
+
+Shared-QK attention restricted by angular locality-sensitive hashing. Keys are the L2-normalised queries (the
+module keeps timm's `qkv` weights so checkpoints copy, but only the q and v rows are used). Each of `n_hashes`
+rounds hashes every position with a random rotation R, `h(x) = argmax([xR; -xR])`, into `n_buckets` buckets
+(`length / bucket_size` rounded up to even, as in the paper); positions are sorted by (bucket, position), cut
+into chunks of `bucket_size`, and each chunk attends to itself and the chunk before it (the paper's
+`floor(s_i / m) - 1 <= floor(s_j / m) <= floor(s_i / m)`: chunk 0 has none before it). A query attends to itself
+only when nothing else is visible (its logit is set to -5e4). Rounds are combined by their log-sum-exp weights;
+with `count_duplicates` (the paper's eq. 6: a key that a query sees in N rounds gets logit - log N in each) the
+result is exact softmax over the union of the keys a query saw in any round. The length is padded internally to
+a multiple of `bucket_size`; padded positions and masked keys are hashed into a bucket after all real ones and
+masked, so they never receive weight.
+
+Causal mode keeps the causal part of the paper's rule with one more restriction: a query sees the keys of its
+own bucket at earlier (or equal) positions at most `bucket_size` places back in the sorted order, i.e. the
+previous `bucket_size` positions of its bucket. That set depends only on the past; the paper's chunk boundaries
+move with the hashes of later positions, so future tokens would decide which past keys a query sees.
+
+Both rules are "0 <= x_q - x_k <= width" on a per-round code x (the chunk index with width 1; or, causal,
+`rank + bucket * (w + 1)` with width w), which the fast path evaluates with integer arithmetic. The fast path runs
+blocks of chunks (~1M logits) through a custom autograd function that saves only the attention weights;
+`fused=False` is the plain autograd reference with the rules written out, for the tests.
+
+Letter legend: b - batch, h - heads, r - hash rounds, n - length (padded: l), t - chunks of all rounds and heads,
+w - chunk length (`bucket_size`), v - keys a chunk sees (2w, or w with one chunk), d - head dim, u - buckets / 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._common import AttentionBase, pad_to_multiple
+from ._registry import register_attention
+
+__all__ = ["ReformerAttention", "lsh_attention", "lsh_buckets", "lsh_bucket_count"]
+
+# A query's logit for its own key (the paper subtracts 1e5; reformer-pytorch sets -5e4), and what is added to
+# the logit of a key it may not see: far below the self logit, so exp() of it is exactly 0 next to any real key.
+SELF_LOGIT = -5e4
+MASKED_LOGIT = -1e9
+# Logits per block of chunks in the fast path: 4 MiB of float32, cache-sized yet big enough for batched matmuls.
+BLOCK_SCORES = 2**20
+# Columns per group in the two-level argmax of the hash.
+GROUP = 8
+
+
+def lsh_bucket_count(length: int, bucket_size: int) -> int:
+    """Buckets for `length` positions: one per `bucket_size` positions, rounded up to even (one if it fits)."""
+    chunks = -(-length // bucket_size)
+    return 1 if chunks == 1 else chunks + chunks % 2
+
+
+def _signed_argmax(x: Tensor, half: int) -> Tensor:
+    """`argmax([x; -x])` over the last two dims of `x: [..., groups, GROUP]`, i.e. over `groups * GROUP` columns
+    (first occurrence wins) -> `[...]`, `half` added for negative winners.
+
+    In two levels: max and min per group (fast value reductions), then the winning group, then inside it.
+    """
+    high, low = x.amax(-1), x.amin(-1)
+    group = torch.maximum(high, low.neg()).argmax(-1, keepdim=True)
+    positive = high.gather(-1, group) >= -low.gather(-1, group)
+    inside = x.gather(-2, group[..., None].expand(*group.shape, x.shape[-1])).squeeze(-2)
+    column = torch.where(positive, inside.argmax(-1, keepdim=True), inside.argmin(-1, keepdim=True))
+    return (group * x.shape[-1] + column + half * ~positive).squeeze(-1)
+
+
+def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) -> Tensor:
+    """Angular LSH, `argmax([xR; -xR])` in every round.
+
+    qk: `[b, h, n, d]`; rotations: `[h, r, d, u]` (n_buckets = 2u; u = 0 means one bucket); keep: `[b, n]` bool
+    or None -> buckets `[b, h, r, n]` int64 in `[0, n_buckets)`; positions with keep False get bucket
+    `max(2u, 1)`, after every real one. No gradient flows through the hash.
+    """
+    b, h, n, _ = qk.shape
+    rounds, half = rotations.shape[1], rotations.shape[-1]
+    buckets = qk.new_zeros((b, h, n, rounds), dtype=torch.long)
+    with torch.no_grad():
+        if half:
+            # [h, d, r, u'] with u' a multiple of GROUP: extra columns repeat the first ones, and a repeat never
+            # wins the argmax (the first occurrence does), so buckets stay in [0, 2u).
+            columns = torch.arange(half + -half % GROUP, device=rotations.device) % half
+            weight = rotations[..., columns].to(qk.dtype).permute(0, 2, 1, 3).flatten(2)
+            step = max(1, BLOCK_SCORES // (b * h * weight.shape[-1]))
+            for start in range(0, n, step):
+                rotated = torch.matmul(qk[:, :, start : start + step], weight).unflatten(-1, (rounds, -1, GROUP))
+                buckets[:, :, start : start + step] = _signed_argmax(rotated, half)
+        buckets = buckets.transpose(-1, -2)
+        if keep is not None:
+            buckets = buckets.masked_fill(~keep[:, None, None, :], max(2 * half, 1))
+    return buckets.contiguous()
+
+
+@dataclass
+class _Sorted:
+    """The hash rounds' sorted orders, `[b, h, r, l]` each, and the sizes the chunk rules need."""
+
+    buckets: Tensor  # bucket of every position in every round (n_buckets for padded / masked positions)
+    order: Tensor  # position held by every sorted slot
+    rank: Tensor  # sorted slot of every position (the inverse of order)
+    sorted_buckets: Tensor  # bucket of every sorted slot
+    n_buckets: int
+    w: int
+    is_causal: bool
+
+    @property
+    def chunks(self) -> int:
+        return self.order.shape[-1] // self.w
+
+    @property
+    def rows(self) -> Tensor:
+        """`[b h r l]`: the row in `[b h l, *]` of the position every slot holds."""
+        b, h, _, length = self.order.shape
+        return (self.order + torch.arange(b * h, device=self.order.device).view(b, h, 1, 1) * length).flatten()
+
+    @property
+    def slots(self) -> Tensor:
+        """`[b, h, r, l]`: the row in `[b h r l, *]` (slot order) of every position in every round."""
+        b, h, rounds, length = self.order.shape
+        return self.rank + torch.arange(b * h * rounds, device=self.order.device).view(b, h, rounds, 1) * length
+
+    def code(self, rank: Tensor, buckets: Tensor) -> Tensor:
+        """The code x of the visibility rule: the chunk index, or (causal) the rank spread out by bucket."""
+        return rank + buckets * (self.w + 1) if self.is_causal else rank.div(self.w, rounding_mode="floor")
+
+    def layout(self, count_duplicates: bool) -> _Layout:
+        b, h, rounds, length = self.order.shape
+        w, chunks = self.w, self.chunks
+        code = self.code(torch.arange(length, device=self.order.device), self.sorted_buckets).flatten()
+        codes = None
+        if count_duplicates and rounds > 1 and chunks > 1:
+            # The code of every position in every round, `[b h l, r]`, gathered for the position of every slot.
+            table = self.code(self.rank, self.buckets).transpose(-1, -2).reshape(b * h * length, rounds)
+            codes = table.index_select(0, self.rows).t()
+        width = w if self.is_causal else 1
+        top = 2 * int(code.max()) + width + 2 ** width.bit_length()
+        dtype = torch.int16 if top < 2**15 else torch.int32 if top < 2**31 else torch.int64
+
+        def with_dummy(x: Tensor) -> Tensor:
+            return torch.cat([x[..., :w], x], dim=-1)
+
+        return _Layout(
+            rows=with_dummy(self.rows),
+            code=with_dummy(code.to(dtype)),
+            codes=None if codes is None else with_dummy(codes.to(dtype)),
+            pad=with_dummy((self.sorted_buckets == self.n_buckets).flatten()),
+            first=torch.arange(b * h * rounds * chunks, device=code.device) % chunks == 0,
+            width=width,
+            w=w,
+            v=2 * w if chunks > 1 else w,
+            chunks=chunks,
+            rounds=rounds,
+            is_causal=self.is_causal,
+        )
+
+
+@dataclass
+class _Layout:
+    """The sorted slots of all rounds, `t` chunks of `w`, and what the fast path's visibility rules need.
+
+    Slot tensors have `(t + 1) w` rows (in their last dim): a leading dummy chunk, so that the keys of chunk i
+    (chunks i - 1 and i) are the rows `[i w, (i + 2) w)`, a strided view. Chunk 0 of a round hides the chunk before.
+    """
+
+    rows: Tensor  # [(t + 1) w] the row in [b h l, *] of the position each slot holds
+    code: Tensor  # [(t + 1) w] the slot's code x in its own round
+    codes: Optional[Tensor]  # [r, (t + 1) w] the code of the slot's position in every round (count_duplicates)
+    pad: Tensor  # [(t + 1) w] bool: a padded or masked position
+    first: Tensor  # [t] bool: chunk 0 of its round
+    width: int  # a key is visible when 0 <= x_q - x_k <= width
+    w: int
+    v: int
+    chunks: int
+    rounds: int
+    is_causal: bool
+
+    def blocks(self, step: int) -> list[tuple[int, int, Optional[int]]]:
+        """Chunk ranges (t0, t1) of at most `step` chunks, with their round when they lie in a single one."""
+        total = self.first.shape[0]
+        if self.chunks < step:
+            size = step // self.chunks * self.chunks
+            return [(t0, min(total, t0 + size), None) for t0 in range(0, total, size)]
+        return [
+            (start + c0, start + min(self.chunks, c0 + step), start // self.chunks % self.rounds)
+            for start in range(0, total, self.chunks)
+            for c0 in range(0, self.chunks, step)
+        ]
+
+    def window(self, x: Tensor, t0: int, t1: int) -> Tensor:
+        """Slot rows `x: [(t + 1) w, *]` -> the keys of chunks t0..t1, `[t1 - t0, v, *]` (a view)."""
+        start = (t0 + 1) * self.w - (self.v - self.w)
+        shape, stride = (t1 - t0, self.v) + x.shape[1:], (self.w * x.stride(0),) + x.stride()
+        return x.as_strided(shape, stride, x.storage_offset() + start * x.stride(0))
+
+    def own(self, x: Tensor, t0: int, t1: int) -> Tensor:
+        """Slot rows `x: [(t + 1) w, *]` -> the queries of chunks t0..t1, `[t1 - t0, w, *]` (a view)."""
+        return x[(t0 + 1) * self.w : (t1 + 1) * self.w].unflatten(0, (t1 - t0, self.w))
+
+    def before_first(self, t0: int, t1: int) -> Tensor:
+        """`[t1 - t0, v]` bool: the key slots of the (absent) chunk before a chunk 0."""
+        return self.first[t0:t1, None] & (torch.arange(self.v, device=self.first.device) < self.v - self.w)
+
+    @torch.no_grad()
+    def apply(self, dots: Tensor, t0: int, t1: int, round_: Optional[int]) -> Optional[Tensor]:
+        """Self logit and hidden keys on the logits `dots: [t1 - t0, w, v]` of chunks t0..t1 (all in round
+        `round_`, or None), in place; returns how many rounds each pair meets in (count_duplicates), or None."""
+        # A query's own key is on the diagonal of its own chunk.
+        dots[:, :, self.v - self.w :].diagonal(dim1=1, dim2=2).fill_(SELF_LOGIT)
+        if self.is_causal:
+            hidden = self._far(self.own(self.code, t0, t1), self.window(self.code, t0, t1))
+            dots.add_(hidden.add_(self.before_first(t0, t1)[:, None]).clamp_max_(1), alpha=MASKED_LOGIT)
+        else:
+            hidden = self.window(self.pad, t0, t1) | self.before_first(t0, t1)
+            dots.add_(hidden[:, None].to(dots.dtype), alpha=MASKED_LOGIT)
+        if self.codes is None:
+            return None
+        # Rounds in which a pair does not meet; a visible pair meets in its own round, which can be skipped.
+        far = None
+        for other, codes in enumerate(self.codes):
+            if other != round_:
+                miss = self._far(self.own(codes, t0, t1), self.window(codes, t0, t1))
+                far = miss if far is None else far.add_(miss)
+        return far.neg_().add_(self.rounds).clamp_min_(1)
+
+    def _far(self, query: Tensor, key: Tensor) -> Tensor:
+        """Codes `[g, w]`, `[g, v]` -> `[g, w, v]` int: 0 where 0 <= x_q - x_k <= width, else 1."""
+        # a = 2 x_q - width, b = 2 x_k: |a - b| <= width, tested as (|a - b| + c) >> bits == 0 without compares.
+        bits, slack = self.width.bit_length(), 2**self.width.bit_length() - 1 - self.width
+        distance = ((2 * query - self.width)[:, :, None] - 2 * key[:, None]).abs_()
+        return (distance.add_(slack) if slack else distance).bitwise_right_shift_(bits).clamp_max_(1)
+
+
+class _LSHAttention(torch.autograd.Function):
+    """The fast path: sort, attention within chunks in blocks of ~1M logits, the rounds combined.
+
+    q, v: `[b h l, d]` rows -> `[b h l, d]`. Saves the sorted slots, their keys, the per-round attention weights
+    (unnormalised) and one factor per slot (its round's share of the total normaliser / its own normaliser).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, v: Tensor, sort: _Sorted, layout: _Layout, scale: float, dropout_p: float) -> Tensor:
+        w, width, d = layout.w, layout.v, q.shape[-1]
+        # Slots after a dummy chunk, [(t + 1) w, d], and their keys q / |q|.
+        queries, values = q.index_select(0, layout.rows), v.index_select(0, layout.rows)
+        norm = queries.norm(dim=-1, keepdim=True).clamp_min_(1e-12)
+        keys = queries / norm
+        # Saved as |q| / scale, what the key gradient is divided by.
+        norm = norm.div_(scale)
+        t = queries.shape[0] // w - 1
+        step = max(1, BLOCK_SCORES // (w * width))
+        probs = q.new_empty(t, w, width)
+        kept = torch.empty(t, w, width, dtype=torch.bool, device=q.device) if dropout_p > 0 else None
+        out, lse, total = q.new_empty(t, w, d), q.new_empty(t, w, 1), q.new_empty(t, w, 1)
+        for t0, t1, round_ in layout.blocks(step):
+            scores = torch.bmm(layout.own(queries, t0, t1) * scale, layout.window(keys, t0, t1).transpose(1, 2),
+                               out=probs[t0:t1])
+            count = layout.apply(scores, t0, t1, round_)
+            top = scores.amax(-1, keepdim=True)
+            # Unnormalised weights exp(s - top), divided by the rounds a pair meets in (logit - log count, the
+            # paper's eq. 6); the normaliser is applied to the output rows instead.
+            weights = scores.sub_(top).exp_()
+            if count is not None:
+                weights = weights.div_(count)
+            torch.sum(weights, -1, keepdim=True, out=total[t0:t1])
+            torch.add(top, total[t0:t1].log(), out=lse[t0:t1])
+            if kept is not None:
+                kept[t0:t1] = torch.rand_like(weights) >= dropout_p
+                weights = weights * kept[t0:t1] / (1 - dropout_p)
+            torch.bmm(weights, layout.window(values, t0, t1), out=out[t0:t1])
+        # Rounds weighted by their share of the total normaliser (the paper's eq. 4), summed in position order.
+        unsort = sort.slots.flatten(0, 1)  # [b h, r, l]
+        overall = lse.view(-1)[unsort].logsumexp(1).flatten()
+        factor = lse.view(-1).sub_(overall[layout.rows[w:]]).exp_().div_(total.view(-1))
+        result, buffer = q.new_zeros(q.shape), q.new_empty(q.shape)
+        for round_ in range(unsort.shape[1]):
+            index = unsort[:, round_].flatten()
+            result.addcmul_(torch.index_select(out.view(-1, d), 0, index, out=buffer), factor[index, None])
+        ctx.save_for_backward(queries, values, keys, norm, probs, kept, factor, result)
+        ctx.sort, ctx.layout, ctx.scale, ctx.dropout_p, ctx.step = sort, layout, scale, dropout_p, step
+        return result
+
+    @staticmethod
+    def backward(ctx, grad_result: Tensor):
+        queries, values, keys, norm, probs, kept, factor, result = ctx.saved_tensors
+        layout, scale, step = ctx.layout, ctx.scale, ctx.step
+        w, width, d = layout.w, layout.v, queries.shape[-1]
+        grad_result = grad_result.contiguous()
+        # The final weights factor * probs are one softmax over all rounds' keys: d logits = p (dp - out . grad_out).
+        delta = (result * grad_result).sum(-1)
+        grad_q, grad_v = torch.zeros_like(queries), torch.zeros_like(values)
+        for t0, t1, _ in layout.blocks(step):
+            g = t1 - t0
+            rows = layout.rows[(t0 + 1) * w : (t1 + 1) * w]
+            rate = factor[t0 * w : t1 * w, None]
+            # grad_out scaled by each query's factor, so the saved weights need no rescaling.
+            grad_out = grad_result.index_select(0, rows).mul_(rate).view(g, w, d)
+            weights = probs[t0:t1]
+            grad_dots = torch.bmm(grad_out, layout.window(values, t0, t1).transpose(1, 2))
+            if kept is not None:
+                drop = kept[t0:t1] / (1 - ctx.dropout_p)
+                grad_dots.mul_(drop)
+                weights = weights * drop
+            grad_values = torch.bmm(weights.transpose(1, 2), grad_out)
+            grad_dots = grad_dots.sub_(delta[rows].mul_(rate[:, 0]).view(g, w, 1)).mul_(probs[t0:t1])
+            # The self logit is a constant, not q.k: nothing flows through it.
+            grad_dots[:, :, width - w :].diagonal(dim1=1, dim2=2).zero_()
+            layout.own(grad_q, t0, t1).baddbmm_(grad_dots, layout.window(keys, t0, t1), alpha=scale)
+            grad_keys = torch.bmm(grad_dots.transpose(1, 2), layout.own(queries, t0, t1))
+            # Through the normalisation k = q / |q|: scale (g - k (k . g)) / |q|.
+            key = layout.window(keys, t0, t1)
+            grad_keys.addcmul_(key, torch.linalg.vecdot(key, grad_keys)[..., None], value=-1)
+            # Chunk i's keys are slot rows [i w, (i + 2) w): add each half where it came from.
+            for start in range(0, width, w):
+                rows = slice((t0 + 1) * w - width + w + start, (t1 + 1) * w - width + w + start)
+                grad_q[rows].view(g, w, d).addcdiv_(grad_keys[:, start : start + w], norm[rows].view(g, w, 1))
+                grad_v[rows].view(g, w, d).add_(grad_values[:, start : start + w])
+        # Every position sits in one slot per round: sum the rounds' gradients in position order.
+        unsort = ctx.sort.slots.flatten(0, 1) + w
+        grads = []
+        for grad in (grad_q, grad_v):
+            total, buffer = None, grad.new_empty(0)
+            for round_ in range(unsort.shape[1]):
+                index = unsort[:, round_].flatten()
+                total = grad.index_select(0, index) if total is None else total.add_(
+                    torch.index_select(grad, 0, index, out=buffer))
+            grads.append(total)
+        return grads[0], grads[1], None, None, None, None
+
+
+def _reference_attention(
+    q: Tensor, v: Tensor, sort: _Sorted, scale: float, dropout_p: float, count_duplicates: bool
+) -> Tensor:
+    """`_LSHAttention` in plain autograd, with the rules written out on positions, buckets and ranks.
+
+    q, v: `[b, h, l, d]` -> `[b h l, d]`.
+    """
+    b, h, rounds, length = sort.order.shape
+    w, chunks, d = sort.w, sort.chunks, q.shape[-1]
+    t = b * h * rounds * chunks
+    q, v = (x.reshape(-1, d)[sort.rows].view(t, w, d) for x in (q, v))
+    chunk = torch.arange(t, device=q.device)
+    prev = (chunk - 1).clamp_min(0)
+
+    def look_back(x: Tensor) -> Tensor:
+        return torch.cat([x[prev], x], dim=1) if chunks > 1 else x
+
+    dots = torch.matmul(q * scale, look_back(F.normalize(q, dim=-1)).transpose(-1, -2))
+    # Per slot: its position, bucket, rank in its round, and the row (b h) of its sequence.
+    position, bucket = sort.order.reshape(t, w), sort.sorted_buckets.reshape(t, w)
+    rank = torch.arange(length, device=q.device).repeat(b * h * rounds).view(t, w)
+    sequence = (chunk // (rounds * chunks))[:, None].expand(t, w)
+    keys = [look_back(x)[:, None, :] for x in (position, bucket, rank)]
+    position, bucket, rank = (x[:, :, None] for x in (position, bucket, rank))
+    before_first = torch.zeros_like(keys[0], dtype=torch.bool)
+    if chunks > 1:
+        before_first[:, :, :w] = (chunk % chunks == 0)[:, None, None]
+    if sort.is_causal:
+        visible = (bucket == keys[1]) & (rank - keys[2] >= 0) & (rank - keys[2] <= w)
+    else:
+        visible = keys[1] != sort.n_buckets
+    visible = visible & ~before_first
+    dots = dots.masked_fill((position == keys[0]) & ~before_first, SELF_LOGIT)
+    if count_duplicates and rounds > 1 and chunks > 1:
+        count = torch.zeros_like(dots)
+        # [b h, r, l] tables: bucket and rank of every position in every round.
+        all_buckets, all_ranks = sort.buckets.flatten(0, 1), sort.rank.flatten(0, 1)
+        key_position, key_sequence = keys[0], look_back(sequence)[:, None, :]
+        for other in range(rounds):
+            bq, rq = (x[sequence, other, position[..., 0]][..., None] for x in (all_buckets, all_ranks))
+            bk, rk = (x[key_sequence, other, key_position] for x in (all_buckets, all_ranks))
+            if sort.is_causal:
+                count += (bq == bk) & (rq - rk >= 0) & (rq - rk <= w)
+            else:
+                count += (rq // w - rk // w >= 0) & (rq // w - rk // w <= 1)
+        dots = dots - count.clamp_min(1).log()
+    dots = dots + (~visible) * MASKED_LOGIT
+    lse = dots.logsumexp(-1, keepdim=True)
+    out = torch.matmul(F.dropout(torch.exp(dots - lse), dropout_p), look_back(v))
+    # Back to position order, [b h, r, l, *], and the rounds weighted by their share of the normaliser.
+    unsort = sort.slots.flatten(0, 1)
+    share = torch.softmax(lse.flatten()[unsort], dim=1)
+    return (out.view(-1, d)[unsort] * share[..., None]).sum(1).flatten(0, 1)
+
+
+def lsh_attention(
+    qk: Tensor,
+    v: Tensor,
+    rotations: Tensor,
+    mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    *,
+    bucket_size: int = 64,
+    scale: Optional[float] = None,
+    count_duplicates: bool = True,
+    dropout_p: float = 0.0,
+    fused: bool = True,
+) -> Tensor:
+    """Shared-QK LSH attention (see the module docstring).
+
+    qk: `[b, h, n, d]` (queries; keys are `qk / |qk|`), v: `[b, h, n, d]`; rotations: `[h, r, d, u]` with
+    `2u = lsh_bucket_count(n, bucket_size)` (u = 0 for one bucket) and r hash rounds; mask: `[b, n]` bool key
+    padding mask, True = keep -> `[b, h, n, d]` in v's dtype (outputs at masked positions are finite but
+    meaningless). Logits are `scale * q_i . k_j`, scale = d^-1/2 by default. Computed in float32 at least.
+    """
+    b, h, n, d = qk.shape
+    w, rounds = bucket_size, rotations.shape[1]
+    length = n + (-n % w)
+    n_buckets = lsh_bucket_count(length, w)
+    if rotations.shape != (h, rounds, d, n_buckets // 2) or rounds < 1:
+        raise ValueError(
+            f"rotations of shape {tuple(rotations.shape)} do not fit [heads={h}, rounds>=1, head_dim={d}, "
+            f"n_buckets/2={n_buckets // 2}] for length {n} and bucket_size {w}"
+        )
+    scale = d**-0.5 if scale is None else scale
+    out_dtype = v.dtype
+    # Logits, exponentials and normalisers in float32 at least: bf16 would lose the normaliser.
+    with torch.autocast(qk.device.type, enabled=False):
+        dtype = torch.promote_types(v.dtype, torch.float32)
+        q, _ = pad_to_multiple(qk.to(dtype), w)
+        v, _ = pad_to_multiple(v.to(dtype), w)
+        keep = mask
+        if length != n:
+            keep = torch.zeros(b, length, dtype=torch.bool, device=q.device)
+            keep[:, :n] = True if mask is None else mask
+        with torch.no_grad():
+            buckets = lsh_buckets(q, rotations, keep)
+            sorted_buckets, order = buckets.sort(dim=-1, stable=True)
+            rank = torch.empty_like(order).scatter_(-1, order, torch.arange(length, device=q.device).expand_as(order))
+            sort = _Sorted(buckets, order, rank, sorted_buckets, n_buckets, w, is_causal)
+        if fused:
+            q, v = (x.reshape(b * h * length, d) for x in (q, v))
+            out = _LSHAttention.apply(q, v, sort, sort.layout(count_duplicates), scale, dropout_p)
+        else:
+            out = _reference_attention(q, v, sort, scale, dropout_p, count_duplicates)
+    return out.view(b, h, length, d)[:, :, :n].to(out_dtype)
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+@register_attention("reformer")
+class ReformerAttention(AttentionBase):
+    """Reformer LSH attention with timm's projections; shared QK (the k rows of `qkv` and `k_norm` are unused).
+
+    Options: `n_hashes` hash rounds (4: reformer-pytorch's default and the paper's main LSH setting),
+    `bucket_size` (64, the paper's), `count_duplicates` (True: the paper's eq. 6 duplicate correction; False:
+    reformer-pytorch's default, where a key seen in several rounds counts several times), `fused` (True: the
+    blocked fast path; False: the autograd reference).
+
+    Rotations are drawn in every forward from a CPU generator seeded by (`seed`, `step`), both persistent
+    buffers: `seed` is drawn once from torch's global RNG at construction, `step` counts optimizer steps
+    (`zoo.attention.on_optimizer_step(model)`, which the training engine calls). So every training step hashes
+    with fresh rotations (training never depends on one fixed hash), and all forwards within a step (gradient
+    accumulation, activation recomputation, data-parallel replicas, evaluation) use the same ones. Rotations are
+    per head and shared by the samples of a batch; each sample is hashed and attended on its own.
+    """
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        n_hashes: int = 4,
+        bucket_size: int = 64,
+        count_duplicates: bool = True,
+        fused: bool = True,
+        **timm_args,
+    ) -> None:
+        _check_int("n_hashes", n_hashes, 1)
+        _check_int("bucket_size", bucket_size, 1)
+        for name, value in (("count_duplicates", count_duplicates), ("fused", fused)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} must be True or False")
+        super().__init__(dim, num_heads, **timm_args)
+        self.n_hashes = n_hashes
+        self.bucket_size = bucket_size
+        self.count_duplicates = count_duplicates
+        self.fused = fused
+        device = timm_args.get("device")
+        self.register_buffer("seed", torch.randint(0, 2**62, (), dtype=torch.int64).to(device))
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
+
+    def rotations(self, length: int) -> Tensor:
+        """Random rotations `[h, r, d, n_buckets / 2]` for `length` positions at the current step."""
+        half = lsh_bucket_count(length + (-length % self.bucket_size), self.bucket_size) // 2
+        # Golden-ratio stride: distinct, well-spread generator seeds for (seed, step), identical on every replica.
+        generator = torch.Generator().manual_seed((int(self.seed) + int(self.step) * 0x9E3779B97F4A7C15) % 2**64)
+        shape = (self.num_heads, self.n_hashes, self.head_dim, half)
+        return torch.randn(shape, generator=generator).to(self.seed.device)
+
+    @torch.no_grad()
+    def on_optimizer_step(self) -> None:
+        """Count an optimizer step: the next forward hashes with new rotations."""
+        self.step += 1
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`x: [b, n, c]` -> (qk, qk, v), each `[b, h, n, d]`: only the q and v rows of `qkv` are computed."""
+        weight = self.qkv.weight.unflatten(0, (3, -1))[0::2].flatten(0, 1)
+        bias = None if self.qkv.bias is None else self.qkv.bias.unflatten(0, (3, -1))[0::2].flatten()
+        qk, v = F.linear(x, weight, bias).unflatten(-1, (2, self.num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+        qk = self.q_norm(qk)
+        return qk, qk, v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+        """Shared QK: `k` is ignored, the keys are the normalised `q`."""
+        return lsh_attention(
+            q,
+            v,
+            self.rotations(q.shape[-2]),
+            mask,
+            is_causal,
+            bucket_size=self.bucket_size,
+            scale=self.scale,
+            count_duplicates=self.count_duplicates,
+            dropout_p=self.attn_drop.p if self.training else 0.0,
+            fused=self.fused,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, n_hashes={self.n_hashes}, bucket_size={self.bucket_size}, "
+            f"count_duplicates={self.count_duplicates}, fused={self.fused}"
+        )

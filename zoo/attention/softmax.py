@@ -1,0 +1,75 @@
+"""Exact softmax attention: "Attention Is All You Need" (Vaswani et al. 2017), https://arxiv.org/abs/1706.03762
+
+The baseline every other variant is measured against. The fast path is `F.scaled_dot_product_attention`
+(flash / memory-efficient kernels on GPU); `fused=False` selects the explicit reference the tests compare with.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._common import AttentionBase
+from ._registry import register_attention
+
+__all__ = ["SoftmaxAttention", "softmax_attention"]
+
+
+def causal_keep(n: int, m: int, device: torch.device) -> Tensor:
+    """`[n, m]` bool, True where query i may see key j (j <= i, aligned at the end when m > n)."""
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril(m - n)
+
+
+def softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    dropout_p: float = 0.0,
+    fused: bool = True,
+) -> Tensor:
+    """Exact attention.
+
+    q: `[b, h, n, d]`, k and v: `[b, h, m, d]`; mask: bool (True = keep) or additive, broadcastable to
+    `[b, h, n, m]` -> `[b, h, n, d]`.
+    """
+    if mask is not None and is_causal:
+        causal = causal_keep(q.shape[-2], k.shape[-2], q.device)
+        mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
+        is_causal = False
+    if fused:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+        )
+    scores = (q * (scale or q.shape[-1] ** -0.5)) @ k.transpose(-2, -1)
+    if is_causal:
+        scores = scores.masked_fill(~causal_keep(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = F.dropout(scores.softmax(dim=-1), p=dropout_p)
+    return weights @ v
+
+
+@register_attention("softmax")
+class SoftmaxAttention(AttentionBase):
+    """Exact multi-head attention; takes any mask SDPA takes (key padding, `[b, 1, n, m]`, additive)."""
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(self, dim: int, num_heads: int = 8, *, fused: bool = True, **timm_args) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.fused = fused
+
+    def prepare_mask(self, attn_mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+        if attn_mask is not None and attn_mask.dim() == 2:
+            return attn_mask[:, None, None, :]
+        return attn_mask
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return softmax_attention(q, k, v, mask, is_causal, self.scale, dropout_p, self.fused)

@@ -1,0 +1,358 @@
+"""Training and evaluation of a recipe through accelerate (CPU, one GPU, many GPUs under `accelerate launch`).
+
+A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation),
+`checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state) and
+`train_summary.json`. A checkpoint is written to a temporary directory and renamed into place, so a crash never
+leaves a partial checkpoint where a good one was.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import gather_object, set_seed
+from timm.optim import create_optimizer_v2
+from timm.scheduler import CosineLRScheduler, StepLRScheduler
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from .attention import on_optimizer_step
+from .attention._registry import auxiliary_loss
+from .data import build_dataset
+from .metrics import build_metrics, metrics_to_python
+from .models import create_model
+from .recipe import Recipe, save_recipe
+
+__all__ = ["Trainer", "build_model", "build_split", "evaluate", "resolve_mixed_precision", "find_checkpoint"]
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Progress that a checkpoint restores: optimizer steps, finished epochs, batches into this epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    best_metric: float = -math.inf
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def resolve_mixed_precision(value: str) -> str:
+    """`auto` means bf16 on a GPU that supports it, full precision elsewhere."""
+    if value != "auto":
+        return value
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def build_split(recipe: Recipe, split: str) -> Dataset:
+    data, model = recipe.data, recipe.model
+    is_training = split == "train"
+    if data.name == "megamnist":
+        if data.canvas_size != model.img_size and not model.dynamic_img_size:
+            raise ValueError(
+                f"model.img_size ({model.img_size}) must equal data.canvas_size ({data.canvas_size}) "
+                "unless model.dynamic_img_size is true"
+            )
+        samples = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}[split]
+        options = dict(
+            canvas_size=data.canvas_size, num_samples=samples, num_target=data.num_target,
+            num_other=data.num_other, num_clutter=data.num_clutter, digit_size=data.digit_size, seed=data.seed,
+        )
+    else:
+        if data.root is None:
+            raise ValueError("data.root: the folder dataset needs the path of an ImageFolder tree")
+        options = dict(root=data.root, img_size=model.img_size, in_chans=model.in_chans or 3)
+    return build_dataset(data.name, split, is_training=is_training, **options)
+
+
+def build_model(recipe: Recipe, num_classes: int, in_chans: int) -> nn.Module:
+    cfg = recipe.model
+    overrides = {
+        key: getattr(cfg, key)
+        for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+        if getattr(cfg, key) is not None
+    }
+    model = create_model(
+        cfg.name,
+        attention=cfg.attention.name,
+        attention_options=cfg.attention.options,
+        pretrained=cfg.pretrained,
+        pretrained_file=cfg.pretrained_file,
+        stem=cfg.stem,
+        img_size=cfg.img_size,
+        num_classes=num_classes,
+        in_chans=cfg.in_chans or in_chans,
+        drop_rate=cfg.drop_rate,
+        drop_path_rate=cfg.drop_path_rate,
+        attn_drop_rate=cfg.attn_drop_rate,
+        dynamic_img_size=cfg.dynamic_img_size,
+        **overrides,
+        **cfg.timm_kwargs,
+    )
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    return model
+
+
+def _loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
+    batch_size = recipe.data.batch_size if train else recipe.data.eval_batch_size or recipe.data.batch_size
+    workers = recipe.data.num_workers
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=workers,
+        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+    )
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, metric_names, num_classes: int) -> dict:
+    """Loss and metrics over the whole split, gathered from every process (no sample counted twice)."""
+    model.eval()
+    metrics = build_metrics(metric_names, num_classes).to(accelerator.device)
+    loss_sum, count = torch.zeros((), device=accelerator.device), 0
+    for images, labels in loader:
+        with accelerator.autocast():
+            logits = model(images)
+        logits, labels = accelerator.gather_for_metrics((logits.float(), labels))
+        loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum")
+        count += labels.numel()
+        metrics.update(logits, labels)
+    result = {"loss": float(loss_sum) / max(count, 1), "samples": count}
+    return {**result, **metrics_to_python(metrics.compute())}
+
+
+def _state_checksum(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def find_checkpoint(run_dir: Path, which: str = "last") -> Optional[Path]:
+    """`checkpoints/<which>`, or its `.old` twin if a crash fell between the two renames of a save."""
+    for candidate in (run_dir / "checkpoints" / which, run_dir / "checkpoints" / f"{which}.old"):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Move `tmp` to `final`; the previous `final` survives as `final.old` until the new one is in place."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Trainer:
+    """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, *, resume: bool = False) -> None:
+        self.recipe, self.run_dir, self.resume = recipe, Path(run_dir), resume
+        cfg = recipe.train
+        self.accelerator = Accelerator(
+            # accelerate takes the gloo data-parallel path under torchrun only when told it runs on the CPU
+            cpu=not torch.cuda.is_available(),
+            mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
+            gradient_accumulation_steps=cfg.grad_accum_steps,
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
+        )
+        set_seed(recipe.seed)
+        train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
+        self.num_classes = train_set.num_classes
+        model = build_model(recipe, self.num_classes, train_set.in_chans)
+        optimizer = create_optimizer_v2(
+            model, opt=recipe.optim.name, lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay,
+            layer_decay=recipe.optim.layer_decay, betas=tuple(recipe.optim.betas),
+        )
+        self.model, self.optimizer, self.train_loader, self.val_loader = self.accelerator.prepare(
+            model, optimizer, _loader(recipe, train_set, True), _loader(recipe, val_set, False)
+        )
+        self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"data.batch_size x train.grad_accum_steps x processes exceeds the {len(train_set)} training samples"
+            )
+        planned = cfg.epochs * self.steps_per_epoch
+        self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
+        self.scheduler = self._scheduler()
+        self.state = TrainState()
+        self.accelerator.register_for_checkpointing(self.state)
+
+    def _scheduler(self):
+        sched, warmup = self.recipe.schedule, self.recipe.schedule.warmup_steps
+        common = dict(warmup_t=warmup, warmup_lr_init=sched.warmup_lr, t_in_epochs=False)
+        if sched.name == "cosine":
+            return CosineLRScheduler(self.optimizer, t_initial=self.total_steps, lr_min=sched.min_lr, **common)
+        decay_t = max(self.total_steps // 3, 1)
+        rate = 1.0 if sched.name == "constant" else 0.1
+        return StepLRScheduler(self.optimizer, decay_t=decay_t, decay_rate=rate, **common)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.steps_per_epoch * self.recipe.train.grad_accum_steps
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def _save(self, which: str) -> None:
+        """Write `checkpoints/<which>` into a temporary directory, then rename it into place."""
+        tmp = self.run_dir / "checkpoints" / f"{which}.tmp"
+        if self.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            # every process writes its own RNG state into it
+            tmp.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            (tmp / "meta.json").write_text(json.dumps(self.state.state_dict()))
+            _replace_dir(tmp, tmp.with_name(which))
+        self.accelerator.wait_for_everyone()
+
+    def _copy_checkpoint(self, source: str, which: str) -> None:
+        if self.is_main:
+            root = self.run_dir / "checkpoints"
+            tmp = root / f"{which}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(root / source, tmp)
+            _replace_dir(tmp, root / which)
+        self.accelerator.wait_for_everyone()
+
+    def _restore(self) -> None:
+        checkpoint = find_checkpoint(self.run_dir, "last")
+        if checkpoint is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints' / 'last'}")
+        self.accelerator.load_state(str(checkpoint))
+        self.accelerator.print(f"resumed from {checkpoint} at step {self.state.step}, epoch {self.state.epoch}")
+
+    def _log_eval(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.run_dir / "metrics.jsonl", "a") as handle:
+                handle.write(json.dumps(record) + "\n")
+        self.accelerator.print(
+            "eval " + " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, (int, float)))
+        )
+
+    def fit(self) -> dict:
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_recipe(self.recipe, self.run_dir / "recipe.yaml")
+        if self.resume:
+            self._restore()
+        last_eval: dict = {}
+        while self.state.epoch < self.recipe.train.epochs and self.state.step < self.total_steps:
+            train_loss, samples_per_s = self._train_epoch()
+            epoch_done = self.state.batch_in_epoch == 0
+            due = self.state.epoch % self.recipe.train.eval_every_epochs == 0 or self.state.step >= self.total_steps
+            if due or not epoch_done:
+                last_eval = self._evaluate_and_checkpoint(train_loss, samples_per_s)
+        self._finish(last_eval)
+        return last_eval
+
+    def _train_epoch(self) -> tuple[float, float]:
+        """One epoch (or what is left of it after a resume); returns mean loss and samples/s."""
+        acc, cfg = self.accelerator, self.recipe.train
+        self.model.train()
+        self.train_loader.set_epoch(self.state.epoch)
+        skip = self.state.batch_in_epoch
+        loader = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
+        bar = tqdm(total=self.steps_per_epoch, initial=skip // cfg.grad_accum_steps, disable=not self.is_main,
+                   desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}", dynamic_ncols=True)
+        loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
+        for images, labels in loader:
+            loss = self._train_batch(images, labels)
+            loss_sum += loss.detach()
+            batches += 1
+            samples += labels.shape[0] * acc.num_processes
+            self.state.batch_in_epoch += 1
+            if not acc.sync_gradients:
+                continue
+            self.state.step += 1
+            self.scheduler.step_update(self.state.step)
+            on_optimizer_step(self.model)
+            bar.update(1)
+            if self.state.step % cfg.log_every_steps == 0:
+                rate = samples / (time.perf_counter() - start)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}")
+            if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
+                self._save("last")
+            if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
+                break
+        bar.close()
+        if self.state.batch_in_epoch >= self.batches_per_epoch:
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+        mean_loss = float(acc.reduce(loss_sum, "mean")) / max(batches, 1)
+        return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
+
+    def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        acc, cfg = self.accelerator, self.recipe.train
+        with acc.accumulate(self.model):
+            with acc.autocast():
+                logits = self.model(images)
+                loss = nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+                loss = loss + auxiliary_loss(self.model)
+            acc.backward(loss)
+            if acc.sync_gradients and cfg.clip_grad:
+                acc.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
+        metrics = evaluate(self.model, self.val_loader, self.accelerator, self.recipe.metrics, self.num_classes)
+        record = {
+            "epoch": self.state.epoch, "step": self.state.step, "train_loss": train_loss,
+            "lr": self._lr(), "samples_per_s": samples_per_s,
+            **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
+        }
+        self._log_eval(record)
+        score = metrics.get("top1", -metrics["loss"])
+        is_best = score > self.state.best_metric
+        if is_best:
+            self.state.best_metric = score
+        self._save("last")
+        if is_best:
+            self._copy_checkpoint("last", "best")
+        return record
+
+    def _finish(self, last_eval: dict) -> None:
+        """Check that every replica holds the same weights, then write `train_summary.json`."""
+        checksums = gather_object([_state_checksum(self.accelerator.unwrap_model(self.model))])
+        if self.is_main:
+            summary = {
+                "recipe": self.recipe.name, "steps": self.state.step, "epochs": self.state.epoch,
+                "num_processes": self.accelerator.num_processes,
+                "mixed_precision": self.accelerator.mixed_precision, "device": str(self.accelerator.device),
+                "replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
+                "best_val_top1": self.state.best_metric, "last_eval": last_eval,
+            }
+            (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        self.accelerator.wait_for_everyone()
+        if len(set(checksums)) != 1:
+            raise RuntimeError(f"replicas diverged: weight checksums {checksums}")
