@@ -11,6 +11,7 @@ DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 # Options that make a variant fit the tiny test sizes (lengths, projected sizes).
 SMALL_OPTIONS: dict[str, dict] = {
     "synthesizer": {"max_seq_len": 4096},
+    "reformer": {"bucket_size": 8},
 }
 ALL = list_attentions()
 CAUSAL = [name for name in ALL if zoo.attention.get_attention(name).supports_causal]

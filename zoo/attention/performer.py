@@ -13,6 +13,7 @@ from typing import Literal, Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._common import AttentionBase
 from ._features import gaussian_orthogonal_random_matrix, relu_kernel_features, softmax_kernel_features
@@ -74,15 +75,26 @@ def favor_attention(
     return out.to(out_dtype)
 
 
-# Rows per block in `_FusedFavor`: about 16 MiB of features across batch x heads. Smaller blocks stay in L2
-# but multiply the small ops, each a thread barrier; measured on 2 busy cores, 1 MiB blocks ran 5x slower.
-_BLOCK_BYTES = 2**24
+# Rows per block in `_FusedFavor`: about 32 MiB of features across batch x heads, written into buffers
+# reused by every block (a fresh buffer that large is mmapped, and its page faults cost as much as the exp).
+# Large blocks keep the op count low: every op is a thread barrier, and on busy cores 1 MiB blocks ran 5x slower.
+_BLOCK_BYTES = 2**25
+
+
+class _Workspace:
+    """One flat buffer, viewed as a contiguous tensor of any smaller shape."""
+
+    def __init__(self, like: Tensor, numel: int) -> None:
+        self.buffer = like.new_empty(numel)
+
+    def view(self, *shape: int) -> Tensor:
+        return self.buffer[: math.prod(shape)].view(shape)
 
 
 class _FusedFavor(torch.autograd.Function):
     """Non-causal FAVOR+ (softmax kernel) in row blocks, equal to the `kernel_attention` path.
 
-    Forward: keys block by block into the state `[S | z]^T: [b, h, e, r]`, with an online max over kept keys
+    Forward: keys block by block into the state `[S | z]^T: [b h, e, r]`, with an online max over kept keys
     (the state is rescaled when the max grows, like online softmax), then queries block by block. The `[n, r]`
     features are never stored: backward recomputes them block by block. The eps floor of the features enters
     the state analytically. Saved: q, k, v, the state, the output, the normaliser and the offsets.
@@ -94,76 +106,142 @@ class _FusedFavor(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, projection: Tensor, mask: Optional[Tensor], eps: float):
         b, h, n, d = q.shape
         r = projection.shape[0]
-        weight = projection * d**-0.25
-        block = max(16, _BLOCK_BYTES // (b * h * r * q.element_size()))
+        weight_t = (projection * d**-0.25).t()
+        block = min(n, max(16, _BLOCK_BYTES // (b * h * r * q.element_size())))
+        features_ws, values_ws = _Workspace(q, b * h * block * r), _Workspace(q, b * h * block * (d + 1))
         floor = eps / math.sqrt(r)
         keep = None if mask is None else mask[:, None, :]
         half_sq = _half_square(k)
         state = q.new_zeros(b * h, d + 1, r)
         running_max = q.new_full((b, h), torch.finfo(q.dtype).min)
         for rows in _blocks(n, block):
-            features, new_max = _key_features(
-                k[:, :, rows], weight, half_sq[..., rows], _rows(keep, rows), running_max
-            )
+            features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, _len(rows), r))
+            new_max = _key_max(features, half_sq[..., rows], _rows(keep, rows), running_max)
+            _exp_key_features(features, half_sq[..., rows], _rows(keep, rows), new_max)
             # Online max: rescale the state to the new running max, then add this block (relative to it).
             state.mul_(torch.exp(running_max - new_max).view(-1, 1, 1))
-            state.baddbmm_(_with_ones(v[:, :, rows]).flatten(0, 1).transpose(1, 2), features.flatten(0, 1))
+            values = _with_ones(v[:, :, rows], values_ws).flatten(0, 1)
+            state.baddbmm_(values.transpose(1, 2), features.flatten(0, 1))
             running_max = new_max
         # The keys' floor: every kept key adds floor * [v_j | 1] to every feature of the state.
-        kept_v1 = _with_ones(v) if keep is None else _with_ones(v) * keep[..., None]
-        state.add_(kept_v1.sum(-2).view(-1, d + 1, 1), alpha=floor)
+        kept = v.sum(-2) if keep is None else (v * keep[..., None]).sum(-2)
+        count = torch.full((b, h, 1), n, dtype=v.dtype, device=v.device) if keep is None else keep.sum(-1, True).to(v)
+        state.add_(torch.cat([kept, count.expand(b, h, 1)], -1).view(-1, d + 1, 1), alpha=floor)
         # The queries' floor adds floor * sum_r state[:, r] to every output row.
         state_floor = state.sum(-1).mul_(floor).unsqueeze(1)
         out = q.new_empty(b, n, h, d).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
         den = q.new_empty(b, h, n)
         query_offset = q.new_empty(b, h, n, 1)
         for rows in _blocks(n, block):
-            features = _query_features(q[:, :, rows], weight, query_offset[:, :, rows])
-            numden = torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2)).unflatten(0, (b, h))
+            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, _len(rows), r))
+            offset = torch.add(features.amax(-1, keepdim=True), 0.5 * math.log(r), out=query_offset[:, :, rows])
+            features.sub_(offset).exp_()
+            numden = values_ws.view(b * h, _len(rows), d + 1)
+            torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2), out=numden)
+            numden = numden.unflatten(0, (b, h))
             den[:, :, rows] = numden[..., -1]
             torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out[:, :, rows])
-        ctx.save_for_backward(q, k, v, weight, mask, state, running_max, out, den, half_sq, query_offset)
+        ctx.save_for_backward(q, k, v, weight_t, mask, state, running_max, out, den, half_sq, query_offset)
         ctx.floor, ctx.block = floor, block
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q, k, v, weight, mask, state, running_max, out, den, half_sq, query_offset = ctx.saved_tensors
+        q, k, v, weight_t, mask, state, running_max, out, den, half_sq, query_offset = ctx.saved_tensors
         floor, block = ctx.floor, ctx.block
         b, h, n, d = q.shape
+        r = weight_t.shape[1]
+        weight = weight_t.t()
         keep = None if mask is None else mask[:, None, :]
-        grad_q, grad_k, grad_v = (q.new_empty(b, n, h, d).permute(0, 2, 1, 3) for _ in range(3))
+        features_ws, grad_features_ws = _Workspace(q, b * h * block * r), _Workspace(q, b * h * block * r)
+        values_ws, grad_rows_ws = _Workspace(q, b * h * block * (d + 1)), _Workspace(q, b * h * block * d)
+        # One buffer laid out like the qkv projection's output, so `_SplitHeads` hands it on without a copy.
+        grad_qkv = q.new_empty(b, n, 3, h, d)
+        grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
         grad_state = torch.zeros_like(state)
         grad_sum = q.new_zeros(b * h, d + 1, 1)
         for rows in _blocks(n, block):
-            features = _query_features(q[:, :, rows], weight, query_offset[:, :, rows], recompute=True)
+            w = _len(rows)
+            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, w, r))
+            features = features.sub_(query_offset[:, :, rows]).exp_().flatten(0, 1)
             # out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
             den_rows = den[:, :, rows, None]
+            grad_numden = values_ws.view(b, h, w, d + 1)
+            grad_numden[..., :d] = grad_out[:, :, rows]
             grad_den = (grad_out[:, :, rows] * out[:, :, rows]).sum(-1, keepdim=True).neg_()
-            grad_den.masked_fill_(den_rows < DENOMINATOR_EPS, 0.0)
-            grad_numden = torch.cat([grad_out[:, :, rows], grad_den], -1).div_(den_rows.clamp_min(DENOMINATOR_EPS))
-            grad_numden = grad_numden.flatten(0, 1)
-            grad_state.baddbmm_(grad_numden.transpose(1, 2), features.flatten(0, 1))
+            grad_numden[..., d:] = grad_den.masked_fill_(den_rows < DENOMINATOR_EPS, 0.0)
+            grad_numden = grad_numden.div_(den_rows.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)
+            grad_state.baddbmm_(grad_numden.transpose(1, 2), features)
             grad_sum.add_(grad_numden.sum(1).unsqueeze(-1))
             # Through exp (the row max is a constant) and the projection.
-            grad_features = torch.bmm(grad_numden, state).mul_(features.flatten(0, 1))
-            grad_q[:, :, rows] = (grad_features @ weight).unflatten(0, (b, h))
+            grad_features = torch.bmm(grad_numden, state, out=grad_features_ws.view(b * h, w, r)).mul_(features)
+            grad_rows = torch.mm(grad_features.view(-1, r), weight, out=grad_rows_ws.view(b * h * w, d))
+            grad_q[:, :, rows] = grad_rows.view(b, h, w, d)
         # The queries' floor: every output row added floor * sum_r state[:, r].
         grad_state.add_(grad_sum, alpha=floor)
         grad_state_v = grad_state[:, :d].transpose(1, 2)
         # The keys' floor: every kept key added floor * v_j to every feature of the state.
         grad_v_floor = grad_state[:, :d].sum(-1).mul_(floor).view(b, h, 1, d)
         for rows in _blocks(n, block):
-            k_rows, keep_rows = k[:, :, rows], _rows(keep, rows)
-            features = _key_features_at(k_rows, weight, half_sq[..., rows], keep_rows, running_max).flatten(0, 1)
+            w, keep_rows, k_rows = _len(rows), _rows(keep, rows), k[:, :, rows]
+            features = torch.matmul(k_rows, weight_t, out=features_ws.view(b, h, w, r))
+            features = _exp_key_features(features, half_sq[..., rows], keep_rows, running_max).flatten(0, 1)
             floor_v = grad_v_floor if keep_rows is None else grad_v_floor * keep_rows[..., None]
-            grad_v[:, :, rows] = torch.baddbmm(floor_v.flatten(0, 1), features, grad_state_v).unflatten(0, (b, h))
-            grad_features = torch.bmm(_with_ones(v[:, :, rows]).flatten(0, 1), grad_state).mul_(features)
+            grad_rows = grad_rows_ws.view(b * h, w, d)
+            torch.baddbmm(floor_v.flatten(0, 1), features, grad_state_v, out=grad_rows)
+            grad_v[:, :, rows] = grad_rows.view(b, h, w, d)
+            values = _with_ones(v[:, :, rows], values_ws).flatten(0, 1)
+            grad_features = torch.bmm(values, grad_state, out=grad_features_ws.view(b * h, w, r)).mul_(features)
             # The exponent is w.k - |k|^2 / 2 (k scaled by d^-1/4): its gradient in k is w - k / sqrt(d).
-            grad_k_rows = (grad_features @ weight).unflatten(0, (b, h))
-            grad_k_rows.sub_(grad_features.sum(-1).mul_(d**-0.5).view(b, h, -1, 1) * k_rows)
-            grad_k[:, :, rows] = grad_k_rows
+            grad_rows = torch.mm(grad_features.view(-1, r), weight, out=grad_rows_ws.view(b * h * w, d))
+            grad_rows = grad_rows.view(b, h, w, d).addcmul_(
+                grad_features.sum(-1).view(b, h, w, 1), k_rows, value=-(d**-0.5)
+            )
+            grad_k[:, :, rows] = grad_rows
         return grad_q, grad_k, grad_v, None, None, None
+
+
+class _SplitHeads(torch.autograd.Function):
+    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
+
+    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
+    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what
+    `_FusedFavor` writes), that buffer is the gradient of qkv as it is; otherwise they are copied into one.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, num_heads: int):
+        b, n, c = qkv.shape
+        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
+        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Optional[Tensor]):
+        b, n, _, h, d = ctx.shape
+        base = grads[0]._base if grads[0] is not None else None
+        if (
+            base is not None
+            and base.shape == ctx.shape
+            and base.is_contiguous()
+            and all(
+                g is not None
+                and g._base is base
+                and g.storage_offset() == base.storage_offset() + i * h * d
+                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
+                for i, g in enumerate(grads)
+            )
+        ):
+            return base.view(b, n, 3 * h * d), None
+        like = next(g for g in grads if g is not None)
+        packed = like.new_empty(ctx.shape)
+        for i, grad in enumerate(grads):
+            if grad is None:
+                packed[:, :, i] = 0.0
+            else:
+                packed[:, :, i] = grad.permute(0, 2, 1, 3)
+        return packed.view(b, n, 3 * h * d), None
 
 
 def _blocks(n: int, block: int) -> list[slice]:
@@ -176,54 +254,36 @@ def _rows(keep: Optional[Tensor], rows: slice) -> Optional[Tensor]:
 
 def _half_square(k: Tensor) -> Tensor:
     """`|k|^2 / 2` of the normalised keys (k d^-1/4), `[b, h, n]`."""
-    return k.square().sum(-1).mul_(0.5 * k.shape[-1] ** -0.5)
+    # vector_norm reduces in one pass; square().sum() would first write a [b, h, n, d] tensor.
+    return torch.linalg.vector_norm(k, dim=-1).square_().mul_(0.5 * k.shape[-1] ** -0.5)
 
 
-def _query_features(q: Tensor, weight: Tensor, offset: Tensor, recompute: bool = False) -> Tensor:
-    """`exp(w.q - max_r w.q) / sqrt(r)`, `[b, h, w, r]`, without the eps floor (`weight` already scaled).
-
-    `offset: [b, h, w, 1]` receives `max_r w.q + log sqrt(r)`, or with `recompute` supplies it (backward).
-    """
-    features = q @ weight.t()
-    if not recompute:
-        torch.add(features.amax(-1, keepdim=True), 0.5 * math.log(weight.shape[0]), out=offset)
-    return features.sub_(offset).exp_()
+def _len(rows: slice) -> int:
+    return rows.stop - rows.start
 
 
-def _key_features(
-    k: Tensor, weight: Tensor, half_sq: Tensor, keep: Optional[Tensor], running_max: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Key features relative to the running max over kept keys, without the eps floor.
-
-    k: `[b, h, w, d]`, half_sq: `[b, h, w]`, keep: `[b, 1, w]` or None, running_max: `[b, h]` -> features
-    `[b, h, w, r]` (padded keys exactly zero) and the new running max `[b, h]`: the max of `running_max` and of
-    this block's kept exponents `w.k - |k|^2 / 2`.
-    """
-    features = k @ weight.t()
+def _key_max(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], running_max: Tensor) -> Tensor:
+    """The running max `[b, h]` updated with this block's kept exponents `w.k - |k|^2 / 2`."""
     key_max = features.amax(-1).sub_(half_sq)
     if keep is not None:
         key_max.masked_fill_(~keep, torch.finfo(key_max.dtype).min)
-    new_max = torch.maximum(running_max, key_max.amax(-1))
-    return _exp_shifted(features, half_sq, keep, new_max), new_max
+    return torch.maximum(running_max, key_max.amax(-1))
 
 
-def _key_features_at(k: Tensor, weight: Tensor, half_sq: Tensor, keep: Optional[Tensor], offset: Tensor) -> Tensor:
-    """`_key_features` with a known offset `[b, h]` (backward: the final running max)."""
-    return _exp_shifted(k @ weight.t(), half_sq, keep, offset)
-
-
-def _exp_shifted(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], offset: Tensor) -> Tensor:
-    """In place: `exp(w.k - |k|^2 / 2 - offset) / sqrt(r)`, zero for padded keys."""
+def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], offset: Tensor) -> Tensor:
+    """In place, `features = w.k`: `exp(w.k - |k|^2 / 2 - offset) / sqrt(r)`, exactly zero for padded keys."""
     shift = half_sq + (offset[..., None] + 0.5 * math.log(features.shape[-1]))
     if keep is not None:
-        # Padded keys: shift +inf, so exp gives exactly zero.
         shift.masked_fill_(~keep, float("inf"))
     return features.sub_(shift[..., None]).exp_()
 
 
-def _with_ones(v: Tensor) -> Tensor:
-    """`[b, h, w, d]` -> `[b, h, w, e]`: values with a ones column, whose output is the normaliser."""
-    return torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+def _with_ones(v: Tensor, workspace: _Workspace) -> Tensor:
+    """`[b, h, w, d]` -> `[b, h, w, e]` in `workspace`: values with a ones column, whose output is the normaliser."""
+    values = workspace.view(*v.shape[:-1], v.shape[-1] + 1)
+    values[..., :-1] = v
+    values[..., -1] = 1.0
+    return values
 
 
 def _positive_int(name: str, value: int, minimum: int) -> None:
@@ -235,11 +295,15 @@ def _positive_int(name: str, value: int, minimum: int) -> None:
 class PerformerAttention(AttentionBase):
     """FAVOR+ multi-head attention with timm's projections; causal mode by chunked prefix sums.
 
+    `fused=True` (default) runs the non-causal softmax kernel through `_FusedFavor` (blocked, features
+    recomputed in backward); `fused=False` is the reference path through `softmax_kernel_features` and
+    `kernel_attention`, which causal mode and the relu kernel always take.
+
     Buffers (persistent, so resuming restores them): `random_features` `[nb_features, head_dim]` (not named
-    `projection*`: `proj` is the prefix of timm's output projection), `seed` (drawn once
-    from torch's global RNG at construction), `step` (optimizer steps seen). Call `zoo.attention.
-    on_optimizer_step(model)` after every optimizer step; with `redraw_interval > 0` the features are redrawn
-    every `redraw_interval` steps from a generator seeded by (`seed`, redraw index).
+    `projection*`: `proj` is the prefix of timm's output projection), `seed` (drawn once from torch's global
+    RNG at construction), `step` (optimizer steps seen). Call `zoo.attention.on_optimizer_step(model)` after
+    every optimizer step; with `redraw_interval > 0` the features are redrawn every `redraw_interval` steps
+    from a generator seeded by (`seed`, redraw index).
     """
 
     supports_causal = True
@@ -293,6 +357,11 @@ class PerformerAttention(AttentionBase):
         if self.redraw_interval and int(self.step) % self.redraw_interval == 0:
             self.random_features.copy_(self.draw_features(int(self.step) // self.redraw_interval))
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """As `AttentionBase.project_qkv`, with a backward that saves two copies of `[b, n, 3 h d]`."""
+        q, k, v = _SplitHeads.apply(self.qkv(x), self.num_heads)
+        return self.q_norm(q), self.k_norm(k), v
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
         return favor_attention(
             q, k, v, self.random_features, mask, is_causal,
@@ -302,5 +371,6 @@ class PerformerAttention(AttentionBase):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, nb_features={self.nb_features}, kernel={self.kernel!r}, "
-            f"redraw_interval={self.redraw_interval}, chunk_size={self.chunk_size}, eps={self.eps}, fused={self.fused}"
+            f"redraw_interval={self.redraw_interval}, chunk_size={self.chunk_size}, eps={self.eps}, "
+            f"fused={self.fused}"
         )

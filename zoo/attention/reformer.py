@@ -14,13 +14,14 @@ masked, so they never receive weight.
 
 Causal mode keeps the causal part of the paper's rule with one more restriction: a query sees the keys of its
 own bucket at earlier (or equal) positions at most `bucket_size` places back in the sorted order, i.e. the
-previous `bucket_size` positions of its bucket. That set depends only on the past; the paper's chunk boundaries
-move with the hashes of later positions, so future tokens would decide which past keys a query sees.
+previous `bucket_size` positions of its bucket. That set depends only on the past (for a given length, which sets
+the bucket count); the paper's chunk boundaries move with the hashes of later positions, so future tokens would
+decide which past keys a query sees.
 
 Both rules are "0 <= x_q - x_k <= width" on a per-round code x (the chunk index with width 1; or, causal,
-`rank + bucket * (w + 1)` with width w), which the fast path evaluates with integer arithmetic. The fast path runs
-blocks of chunks (~1M logits) through a custom autograd function that saves only the attention weights;
-`fused=False` is the plain autograd reference with the rules written out, for the tests.
+`rank + bucket * (w + 1)` with width w), which the fast path evaluates with integer arithmetic on blocks of chunks
+in a custom autograd function that saves the attention weights, never logits or masks. `fused=False` is the O(n^2)
+reference: the same rules on dense `[n, n]` matrices and one softmax over the union of the rounds, for the tests.
 
 Letter legend: b - batch, h - heads, r - hash rounds, n - length (padded: l), t - chunks of all rounds and heads,
 w - chunk length (`bucket_size`), v - keys a chunk sees (2w, or w with one chunk), d - head dim, u - buckets / 2.
@@ -28,6 +29,7 @@ w - chunk length (`bucket_size`), v - keys a chunk sees (2w, or w with one chunk
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import torch
@@ -43,8 +45,9 @@ __all__ = ["ReformerAttention", "lsh_attention", "lsh_buckets", "lsh_bucket_coun
 # the logit of a key it may not see: far below the self logit, so exp() of it is exactly 0 next to any real key.
 SELF_LOGIT = -5e4
 MASKED_LOGIT = -1e9
-# Logits per block of chunks in the fast path: 4 MiB of float32, cache-sized yet big enough for batched matmuls.
-BLOCK_SCORES = 2**20
+# Logits per block of chunks in the fast path (8 MiB of float32): few enough ops per call that scheduling costs
+# little, small enough that a block's temporaries stay in cache.
+BLOCK_SCORES = 2**21
 # Columns per group in the two-level argmax of the hash.
 GROUP = 8
 
@@ -56,11 +59,8 @@ def lsh_bucket_count(length: int, bucket_size: int) -> int:
 
 
 def _signed_argmax(x: Tensor, half: int) -> Tensor:
-    """`argmax([x; -x])` over the last two dims of `x: [..., groups, GROUP]`, i.e. over `groups * GROUP` columns
-    (first occurrence wins) -> `[...]`, `half` added for negative winners.
-
-    In two levels: max and min per group (fast value reductions), then the winning group, then inside it.
-    """
+    """`argmax([x; -x])` over the columns of `x: [..., groups, GROUP]` (first occurrence wins; + half for -x) ->
+    `[...]`, in two levels: max / min per group (fast value reductions), the winning group, the column inside it."""
     high, low = x.amax(-1), x.amin(-1)
     group = torch.maximum(high, low.neg()).argmax(-1, keepdim=True)
     positive = high.gather(-1, group) >= -low.gather(-1, group)
@@ -96,69 +96,6 @@ def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) ->
 
 
 @dataclass
-class _Sorted:
-    """The hash rounds' sorted orders, `[b, h, r, l]` each, and the sizes the chunk rules need."""
-
-    buckets: Tensor  # bucket of every position in every round (n_buckets for padded / masked positions)
-    order: Tensor  # position held by every sorted slot
-    rank: Tensor  # sorted slot of every position (the inverse of order)
-    sorted_buckets: Tensor  # bucket of every sorted slot
-    n_buckets: int
-    w: int
-    is_causal: bool
-
-    @property
-    def chunks(self) -> int:
-        return self.order.shape[-1] // self.w
-
-    @property
-    def rows(self) -> Tensor:
-        """`[b h r l]`: the row in `[b h l, *]` of the position every slot holds."""
-        b, h, _, length = self.order.shape
-        return (self.order + torch.arange(b * h, device=self.order.device).view(b, h, 1, 1) * length).flatten()
-
-    @property
-    def slots(self) -> Tensor:
-        """`[b, h, r, l]`: the row in `[b h r l, *]` (slot order) of every position in every round."""
-        b, h, rounds, length = self.order.shape
-        return self.rank + torch.arange(b * h * rounds, device=self.order.device).view(b, h, rounds, 1) * length
-
-    def code(self, rank: Tensor, buckets: Tensor) -> Tensor:
-        """The code x of the visibility rule: the chunk index, or (causal) the rank spread out by bucket."""
-        return rank + buckets * (self.w + 1) if self.is_causal else rank.div(self.w, rounding_mode="floor")
-
-    def layout(self, count_duplicates: bool) -> _Layout:
-        b, h, rounds, length = self.order.shape
-        w, chunks = self.w, self.chunks
-        code = self.code(torch.arange(length, device=self.order.device), self.sorted_buckets).flatten()
-        codes = None
-        if count_duplicates and rounds > 1 and chunks > 1:
-            # The code of every position in every round, `[b h l, r]`, gathered for the position of every slot.
-            table = self.code(self.rank, self.buckets).transpose(-1, -2).reshape(b * h * length, rounds)
-            codes = table.index_select(0, self.rows).t()
-        width = w if self.is_causal else 1
-        top = 2 * int(code.max()) + width + 2 ** width.bit_length()
-        dtype = torch.int16 if top < 2**15 else torch.int32 if top < 2**31 else torch.int64
-
-        def with_dummy(x: Tensor) -> Tensor:
-            return torch.cat([x[..., :w], x], dim=-1)
-
-        return _Layout(
-            rows=with_dummy(self.rows),
-            code=with_dummy(code.to(dtype)),
-            codes=None if codes is None else with_dummy(codes.to(dtype)),
-            pad=with_dummy((self.sorted_buckets == self.n_buckets).flatten()),
-            first=torch.arange(b * h * rounds * chunks, device=code.device) % chunks == 0,
-            width=width,
-            w=w,
-            v=2 * w if chunks > 1 else w,
-            chunks=chunks,
-            rounds=rounds,
-            is_causal=self.is_causal,
-        )
-
-
-@dataclass
 class _Layout:
     """The sorted slots of all rounds, `t` chunks of `w`, and what the fast path's visibility rules need.
 
@@ -167,16 +104,46 @@ class _Layout:
     """
 
     rows: Tensor  # [(t + 1) w] the row in [b h l, *] of the position each slot holds
+    unsort: Tensor  # [b h, r, l] the slot (not counting the dummy chunk) of every position in every round
     code: Tensor  # [(t + 1) w] the slot's code x in its own round
     codes: Optional[Tensor]  # [r, (t + 1) w] the code of the slot's position in every round (count_duplicates)
     pad: Tensor  # [(t + 1) w] bool: a padded or masked position
     first: Tensor  # [t] bool: chunk 0 of its round
-    width: int  # a key is visible when 0 <= x_q - x_k <= width
     w: int
     v: int
     chunks: int
     rounds: int
     is_causal: bool
+
+    @classmethod
+    @torch.no_grad()
+    def build(cls, buckets: Tensor, w: int, n_buckets: int, is_causal: bool, count_duplicates: bool) -> _Layout:
+        """From the buckets `[b, h, r, l]` of every position in every round."""
+        b, h, rounds, length = buckets.shape
+        chunks, arange = length // w, partial(torch.arange, device=buckets.device)
+        sorted_buckets, order = buckets.sort(dim=-1, stable=True)
+        rank = torch.empty_like(order).scatter_(-1, order, arange(length).expand_as(order))
+        rows = (order + arange(b * h).view(b, h, 1, 1) * length).flatten()
+
+        def code_of(rank: Tensor, buckets: Tensor) -> Tensor:
+            return rank + buckets * (w + 1) if is_causal else rank.div(w, rounding_mode="floor")
+
+        code, codes = code_of(arange(length), sorted_buckets).flatten(), None
+        if count_duplicates and rounds > 1 and chunks > 1:
+            # The code of every position in every round, `[b h l, r]`, gathered for the position of every slot.
+            codes = code_of(rank, buckets).transpose(-1, -2).reshape(-1, rounds).index_select(0, rows).t()
+        top = 2 * int(code.max()) + 3 * w
+        dtype = torch.int16 if top < 2**15 else torch.int32 if top < 2**31 else torch.int64
+
+        def with_dummy(x: Tensor) -> Tensor:
+            return torch.cat([x[..., :w], x], dim=-1)
+
+        return cls(
+            with_dummy(rows), (rank + arange(b * h * rounds).view(b, h, rounds, 1) * length).flatten(0, 1),
+            with_dummy(code.to(dtype)), None if codes is None else with_dummy(codes.to(dtype)),
+            with_dummy((sorted_buckets == n_buckets).flatten()), arange(b * h * rounds * chunks) % chunks == 0,
+            w, 2 * w if chunks > 1 else w, chunks, rounds, is_causal,
+        )
 
     def blocks(self, step: int) -> list[tuple[int, int, Optional[int]]]:
         """Chunk ranges (t0, t1) of at most `step` chunks, with their round when they lie in a single one."""
@@ -227,22 +194,33 @@ class _Layout:
         return far.neg_().add_(self.rounds).clamp_min_(1)
 
     def _far(self, query: Tensor, key: Tensor) -> Tensor:
-        """Codes `[g, w]`, `[g, v]` -> `[g, w, v]` int: 0 where 0 <= x_q - x_k <= width, else 1."""
+        """Codes `[g, w]`, `[g, v]` -> `[g, w, v]` int: 0 where 0 <= x_q - x_k <= width, else 1 (width: 1 for
+        chunk indices, w causal)."""
         # a = 2 x_q - width, b = 2 x_k: |a - b| <= width, tested as (|a - b| + c) >> bits == 0 without compares.
-        bits, slack = self.width.bit_length(), 2**self.width.bit_length() - 1 - self.width
-        distance = ((2 * query - self.width)[:, :, None] - 2 * key[:, None]).abs_()
+        width = self.w if self.is_causal else 1
+        bits, slack = width.bit_length(), 2**width.bit_length() - 1 - width
+        distance = ((2 * query - width)[:, :, None] - 2 * key[:, None]).abs_()
         return (distance.add_(slack) if slack else distance).bitwise_right_shift_(bits).clamp_max_(1)
 
 
+def _sum_rounds(slots: Tensor, unsort: Tensor) -> Tensor:
+    """Slot rows `[*, d]` -> position rows `[b h l, d]`: the sum over rounds of each position's slot."""
+    total, buffer = None, slots.new_empty(0)
+    for index in unsort.unbind(1):
+        row = torch.index_select(slots, 0, index.flatten(), out=buffer)
+        total = row.clone() if total is None else total.add_(row)
+    return total
+
+
 class _LSHAttention(torch.autograd.Function):
-    """The fast path: sort, attention within chunks in blocks of ~1M logits, the rounds combined.
+    """The fast path: sort, attention within chunks in blocks of `BLOCK_SCORES` logits, the rounds combined.
 
     q, v: `[b h l, d]` rows -> `[b h l, d]`. Saves the sorted slots, their keys, the per-round attention weights
     (unnormalised) and one factor per slot (its round's share of the total normaliser / its own normaliser).
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, v: Tensor, sort: _Sorted, layout: _Layout, scale: float, dropout_p: float) -> Tensor:
+    def forward(ctx, q: Tensor, v: Tensor, layout: _Layout, scale: float, dropout_p: float) -> Tensor:
         w, width, d = layout.w, layout.v, q.shape[-1]
         # Slots after a dummy chunk, [(t + 1) w, d], and their keys q / |q|.
         queries, values = q.index_select(0, layout.rows), v.index_select(0, layout.rows)
@@ -254,33 +232,34 @@ class _LSHAttention(torch.autograd.Function):
         step = max(1, BLOCK_SCORES // (w * width))
         probs = q.new_empty(t, w, width)
         kept = torch.empty(t, w, width, dtype=torch.bool, device=q.device) if dropout_p > 0 else None
-        out, lse, total = q.new_empty(t, w, d), q.new_empty(t, w, 1), q.new_empty(t, w, 1)
+        out, top, total = q.new_empty(t, w, d), q.new_empty(t, w, 1), q.new_empty(t, w, 1)
         for t0, t1, round_ in layout.blocks(step):
             scores = torch.bmm(layout.own(queries, t0, t1) * scale, layout.window(keys, t0, t1).transpose(1, 2),
                                out=probs[t0:t1])
             count = layout.apply(scores, t0, t1, round_)
-            top = scores.amax(-1, keepdim=True)
+            torch.amax(scores, -1, keepdim=True, out=top[t0:t1])
             # Unnormalised weights exp(s - top), divided by the rounds a pair meets in (logit - log count, the
             # paper's eq. 6); the normaliser is applied to the output rows instead.
-            weights = scores.sub_(top).exp_()
+            weights = scores.sub_(top[t0:t1]).exp_()
             if count is not None:
                 weights = weights.div_(count)
             torch.sum(weights, -1, keepdim=True, out=total[t0:t1])
-            torch.add(top, total[t0:t1].log(), out=lse[t0:t1])
             if kept is not None:
                 kept[t0:t1] = torch.rand_like(weights) >= dropout_p
                 weights = weights * kept[t0:t1] / (1 - dropout_p)
             torch.bmm(weights, layout.window(values, t0, t1), out=out[t0:t1])
         # Rounds weighted by their share of the total normaliser (the paper's eq. 4), summed in position order.
-        unsort = sort.slots.flatten(0, 1)  # [b h, r, l]
-        overall = lse.view(-1)[unsort].logsumexp(1).flatten()
-        factor = lse.view(-1).sub_(overall[layout.rows[w:]]).exp_().div_(total.view(-1))
-        result, buffer = q.new_zeros(q.shape), q.new_empty(q.shape)
-        for round_ in range(unsort.shape[1]):
-            index = unsort[:, round_].flatten()
-            result.addcmul_(torch.index_select(out.view(-1, d), 0, index, out=buffer), factor[index, None])
+        # Shares from differences of the rounds' maxima, not of log-normalisers: when a query sees only itself,
+        # those are -5e4 + log(total), which float32 cannot resolve.
+        unsort = layout.unsort
+        top, total = top.view(-1), total.view(-1)
+        highest = top[unsort].amax(1, keepdim=True)
+        overall = (top[unsort] - highest).exp_().mul_(total[unsort]).sum(1).flatten()
+        position = layout.rows[w:]
+        factor = (top - highest.flatten()[position]).exp_().div_(overall[position])
+        result = _sum_rounds(out.view(-1, d).mul_(factor[:, None]), unsort)
         ctx.save_for_backward(queries, values, keys, norm, probs, kept, factor, result)
-        ctx.sort, ctx.layout, ctx.scale, ctx.dropout_p, ctx.step = sort, layout, scale, dropout_p, step
+        ctx.layout, ctx.scale, ctx.dropout_p, ctx.step = layout, scale, dropout_p, step
         return result
 
     @staticmethod
@@ -319,71 +298,34 @@ class _LSHAttention(torch.autograd.Function):
                 grad_q[rows].view(g, w, d).addcdiv_(grad_keys[:, start : start + w], norm[rows].view(g, w, 1))
                 grad_v[rows].view(g, w, d).add_(grad_values[:, start : start + w])
         # Every position sits in one slot per round: sum the rounds' gradients in position order.
-        unsort = ctx.sort.slots.flatten(0, 1) + w
-        grads = []
-        for grad in (grad_q, grad_v):
-            total, buffer = None, grad.new_empty(0)
-            for round_ in range(unsort.shape[1]):
-                index = unsort[:, round_].flatten()
-                total = grad.index_select(0, index) if total is None else total.add_(
-                    torch.index_select(grad, 0, index, out=buffer))
-            grads.append(total)
-        return grads[0], grads[1], None, None, None, None
+        return _sum_rounds(grad_q, layout.unsort + w), _sum_rounds(grad_v, layout.unsort + w), None, None, None
 
 
-def _reference_attention(
-    q: Tensor, v: Tensor, sort: _Sorted, scale: float, dropout_p: float, count_duplicates: bool
+def _dense_reference(
+    q: Tensor, v: Tensor, buckets: Tensor, layout: _Layout, n_buckets: int, count_duplicates: bool, scale: float,
+    dropout_p: float,
 ) -> Tensor:
-    """`_LSHAttention` in plain autograd, with the rules written out on positions, buckets and ranks.
-
-    q, v: `[b, h, l, d]` -> `[b h l, d]`.
-    """
-    b, h, rounds, length = sort.order.shape
-    w, chunks, d = sort.w, sort.chunks, q.shape[-1]
-    t = b * h * rounds * chunks
-    q, v = (x.reshape(-1, d)[sort.rows].view(t, w, d) for x in (q, v))
-    chunk = torch.arange(t, device=q.device)
-    prev = (chunk - 1).clamp_min(0)
-
-    def look_back(x: Tensor) -> Tensor:
-        return torch.cat([x[prev], x], dim=1) if chunks > 1 else x
-
-    dots = torch.matmul(q * scale, look_back(F.normalize(q, dim=-1)).transpose(-1, -2))
-    # Per slot: its position, bucket, rank in its round, and the row (b h) of its sequence.
-    position, bucket = sort.order.reshape(t, w), sort.sorted_buckets.reshape(t, w)
-    rank = torch.arange(length, device=q.device).repeat(b * h * rounds).view(t, w)
-    sequence = (chunk // (rounds * chunks))[:, None].expand(t, w)
-    keys = [look_back(x)[:, None, :] for x in (position, bucket, rank)]
-    position, bucket, rank = (x[:, :, None] for x in (position, bucket, rank))
-    before_first = torch.zeros_like(keys[0], dtype=torch.bool)
-    if chunks > 1:
-        before_first[:, :, :w] = (chunk % chunks == 0)[:, None, None]
-    if sort.is_causal:
-        visible = (bucket == keys[1]) & (rank - keys[2] >= 0) & (rank - keys[2] <= w)
-    else:
-        visible = keys[1] != sort.n_buckets
-    visible = visible & ~before_first
-    dots = dots.masked_fill((position == keys[0]) & ~before_first, SELF_LOGIT)
-    if count_duplicates and rounds > 1 and chunks > 1:
-        count = torch.zeros_like(dots)
-        # [b h, r, l] tables: bucket and rank of every position in every round.
-        all_buckets, all_ranks = sort.buckets.flatten(0, 1), sort.rank.flatten(0, 1)
-        key_position, key_sequence = keys[0], look_back(sequence)[:, None, :]
-        for other in range(rounds):
-            bq, rq = (x[sequence, other, position[..., 0]][..., None] for x in (all_buckets, all_ranks))
-            bk, rk = (x[key_sequence, other, key_position] for x in (all_buckets, all_ranks))
-            if sort.is_causal:
-                count += (bq == bk) & (rq - rk >= 0) & (rq - rk <= w)
-            else:
-                count += (rq // w - rk // w >= 0) & (rq // w - rk // w <= 1)
-        dots = dots - count.clamp_min(1).log()
-    dots = dots + (~visible) * MASKED_LOGIT
-    lse = dots.logsumexp(-1, keepdim=True)
-    out = torch.matmul(F.dropout(torch.exp(dots - lse), dropout_p), look_back(v))
-    # Back to position order, [b h, r, l, *], and the rounds weighted by their share of the normaliser.
-    unsort = sort.slots.flatten(0, 1)
-    share = torch.softmax(lse.flatten()[unsort], dim=1)
-    return (out.view(-1, d)[unsort] * share[..., None]).sum(1).flatten(0, 1)
+    """The rules on dense `[l, l]` matrices, O(n^2): per round who meets whom, then one softmax over the union of
+    the rounds (each key once with count_duplicates, else once per round it is met in). q, v: `[b, h, l, d]`."""
+    w, length = layout.w, q.shape[-2]
+    rank = (layout.unsort % length).view(buckets.shape)
+    meets = torch.zeros(q.shape[:2] + (length, length), dtype=q.dtype, device=q.device)
+    for round_ in range(buckets.shape[2]):
+        bucket_q, bucket_k = buckets[:, :, round_, :, None], buckets[:, :, round_, None, :]
+        rank_q, rank_k = rank[:, :, round_, :, None], rank[:, :, round_, None, :]
+        if layout.is_causal:
+            meets += (bucket_q == bucket_k) & (rank_q - rank_k >= 0) & (rank_q - rank_k <= w)
+        else:
+            # Own chunk or the one before (chunk 0 has none), and never a padded key.
+            chunk_gap = rank_q.div(w, rounding_mode="floor") - rank_k.div(w, rounding_mode="floor")
+            meets += (chunk_gap >= 0) & (chunk_gap <= 1) & (bucket_k != n_buckets)
+    scores = (q * scale) @ F.normalize(q, dim=-1).transpose(-1, -2)
+    scores = scores.masked_fill(torch.eye(length, dtype=torch.bool, device=q.device), SELF_LOGIT)
+    if not count_duplicates:
+        scores = scores + meets.clamp_min(1).log()
+    # Padded and masked queries meet nobody: their rows stay finite (their outputs are unspecified).
+    scores = scores.masked_fill((meets == 0) & meets.any(-1, keepdim=True), float("-inf"))
+    return F.dropout(scores.softmax(-1), dropout_p) @ v
 
 
 def lsh_attention(
@@ -407,7 +349,7 @@ def lsh_attention(
     meaningless). Logits are `scale * q_i . k_j`, scale = d^-1/2 by default. Computed in float32 at least.
     """
     b, h, n, d = qk.shape
-    w, rounds = bucket_size, rotations.shape[1]
+    w, rounds = bucket_size, rotations.shape[1] if rotations.dim() == 4 else 0
     length = n + (-n % w)
     n_buckets = lsh_bucket_count(length, w)
     if rotations.shape != (h, rounds, d, n_buckets // 2) or rounds < 1:
@@ -426,22 +368,14 @@ def lsh_attention(
         if length != n:
             keep = torch.zeros(b, length, dtype=torch.bool, device=q.device)
             keep[:, :n] = True if mask is None else mask
-        with torch.no_grad():
-            buckets = lsh_buckets(q, rotations, keep)
-            sorted_buckets, order = buckets.sort(dim=-1, stable=True)
-            rank = torch.empty_like(order).scatter_(-1, order, torch.arange(length, device=q.device).expand_as(order))
-            sort = _Sorted(buckets, order, rank, sorted_buckets, n_buckets, w, is_causal)
+        buckets = lsh_buckets(q, rotations, keep)
+        layout = _Layout.build(buckets, w, n_buckets, is_causal, count_duplicates)
         if fused:
             q, v = (x.reshape(b * h * length, d) for x in (q, v))
-            out = _LSHAttention.apply(q, v, sort, sort.layout(count_duplicates), scale, dropout_p)
+            out = _LSHAttention.apply(q, v, layout, scale, dropout_p)
         else:
-            out = _reference_attention(q, v, sort, scale, dropout_p, count_duplicates)
+            out = _dense_reference(q, v, buckets, layout, n_buckets, count_duplicates, scale, dropout_p)
     return out.view(b, h, length, d)[:, :, :n].to(out_dtype)
-
-
-def _check_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 @register_attention("reformer")
@@ -451,7 +385,7 @@ class ReformerAttention(AttentionBase):
     Options: `n_hashes` hash rounds (4: reformer-pytorch's default and the paper's main LSH setting),
     `bucket_size` (64, the paper's), `count_duplicates` (True: the paper's eq. 6 duplicate correction; False:
     reformer-pytorch's default, where a key seen in several rounds counts several times), `fused` (True: the
-    blocked fast path; False: the autograd reference).
+    blocked fast path; False: the O(n^2) dense reference, for tests).
 
     Rotations are drawn in every forward from a CPU generator seeded by (`seed`, `step`), both persistent
     buffers: `seed` is drawn once from torch's global RNG at construction, `step` counts optimizer steps
@@ -475,16 +409,15 @@ class ReformerAttention(AttentionBase):
         fused: bool = True,
         **timm_args,
     ) -> None:
-        _check_int("n_hashes", n_hashes, 1)
-        _check_int("bucket_size", bucket_size, 1)
+        for name, value in (("n_hashes", n_hashes), ("bucket_size", bucket_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
         for name, value in (("count_duplicates", count_duplicates), ("fused", fused)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r} must be True or False")
         super().__init__(dim, num_heads, **timm_args)
-        self.n_hashes = n_hashes
-        self.bucket_size = bucket_size
-        self.count_duplicates = count_duplicates
-        self.fused = fused
+        self.n_hashes, self.bucket_size = n_hashes, bucket_size
+        self.count_duplicates, self.fused = count_duplicates, fused
         device = timm_args.get("device")
         self.register_buffer("seed", torch.randint(0, 2**62, (), dtype=torch.int64).to(device))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
@@ -512,21 +445,11 @@ class ReformerAttention(AttentionBase):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
         """Shared QK: `k` is ignored, the keys are the normalised `q`."""
-        return lsh_attention(
-            q,
-            v,
-            self.rotations(q.shape[-2]),
-            mask,
-            is_causal,
-            bucket_size=self.bucket_size,
-            scale=self.scale,
-            count_duplicates=self.count_duplicates,
-            dropout_p=self.attn_drop.p if self.training else 0.0,
-            fused=self.fused,
-        )
+        options = {"bucket_size": self.bucket_size, "count_duplicates": self.count_duplicates, "fused": self.fused}
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return lsh_attention(q, v, self.rotations(q.shape[-2]), mask, is_causal, scale=self.scale,
+                             dropout_p=dropout_p, **options)
 
     def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, n_hashes={self.n_hashes}, bucket_size={self.bucket_size}, "
-            f"count_duplicates={self.count_duplicates}, fused={self.fused}"
-        )
+        options = f"bucket_size={self.bucket_size}, count_duplicates={self.count_duplicates}, fused={self.fused}"
+        return f"{super().extra_repr()}, n_hashes={self.n_hashes}, {options}"
