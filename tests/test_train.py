@@ -11,6 +11,7 @@ import yaml
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
 
+import zoo
 from zoo.engine import Trainer
 from zoo.evaluation import evaluate_run
 from zoo.recipe import load_recipe
@@ -165,7 +166,15 @@ def test_missing_recipe_and_run_dir_name_the_path(tmp_path):
     assert result.returncode == 2 and "no_run" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_shipped_recipes_are_valid():
-    for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        recipe = load_recipe(path)
-        assert recipe.name == path.stem
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.stem)
+def test_shipped_recipes_are_valid(path):
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+    attention = recipe.model.attention
+    # The options must be ones the variant takes: build one block's attention at the recipe's width.
+    zoo.create_attention(attention.name, 384, 6, **attention.options)
+
+
+def test_every_attention_family_has_a_1024_px_recipe():
+    names = {load_recipe(path).model.attention.name for path in (ROOT / "recipes").glob("vit_*_1024.yaml")}
+    assert set(zoo.list_attentions()) <= names
