@@ -3,6 +3,7 @@ from ._common import AttentionBase, key_padding_mask, masked_fill_keys, pad_to_m
 from ._registry import (
     attention_class,
     attention_options,
+    auxiliary_loss,
     create_attention,
     get_attention,
     list_attentions,
@@ -21,3 +22,5 @@ from . import nystrom  # noqa: E402,F401
 from . import synthesizer  # noqa: E402,F401
 from . import softmax1  # noqa: E402,F401
 from . import reformer  # noqa: E402,F401
+from . import vq  # noqa: E402,F401
+from . import banded_conv  # noqa: E402,F401

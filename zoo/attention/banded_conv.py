@@ -1,0 +1,171 @@
+"""Convolutional band attention: sliding-window attention whose band of scores is convolved along the key axis.
+
+The method of the zoo's design notes ("convolutional band attention"). Each query i scores the keys within
+`radius` positions, j - i = o in -r..r (causal: -r..0), as in `local` attention; the band of scores
+`s[i, o] = q_i . k_{i+o} * scale` is then filtered along the key axis by `depth` learned 1-D kernels (one per head,
+depthwise, odd `kernel_size`, zero padding at the band edges), and only then normalised by a softmax over the band.
+A key's logit can thus depend on its neighbours' similarity to the query, for instance to attend to a span whose
+keys match together rather than to one key. Related idea: the key-query convolution over attention logits of
+"Multi-Token Attention" (Golovneva et al. 2025), https://arxiv.org/abs/2504.00927, which convolves the full
+causal score matrix; here the convolution stays inside the band, so time and memory are O(n * radius).
+
+Missing keys: a band slot whose key is outside the sequence or padded holds a zero score before every convolution
+(as the band edges do) and is masked out of the softmax. Padded content therefore never reaches a kept key's
+logit, and a sequence padded at its end gives the same outputs as the truncated sequence. Causal mode needs no
+shifted convolution: the causal band stops at the diagonal and what lies right of it is zero padding, so no key
+after i influences any logit of query i; the same centred kernels serve both modes.
+
+The stack is linear (no nonlinearity between convolutions): away from missing keys it is one kernel of
+`depth * (kernel_size - 1) + 1` taps factored into short ones. Kept linear because a squashing nonlinearity would
+distort the logits the softmax ranks, and because with every kernel initialised to the identity (centre tap 1)
+the layer equals `local` attention with window `radius` at initialisation, from which training departs smoothly.
+
+Computed in blocks (`_blocks.window_layout`): per block the scores `[w, (s w)]` against its window of keys, the
+band `[w, 2r + 1]` gathered out of them, convolved and normalised, then scattered back for the product with the
+values; no n x n tensor. Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks,
+w - block length, s - blocks in a window, l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ._blocks import BlockLayout, as_sdpa_mask, check_int, window_layout
+from ._common import AttentionBase
+from ._registry import register_attention
+
+__all__ = [
+    "BandedConvAttention",
+    "band_columns",
+    "band_scores",
+    "band_slot_keep",
+    "banded_conv_attention",
+    "convolve_band",
+]
+
+
+def band_width(radius: int, is_causal: bool) -> int:
+    """Slots in a query's band, l: offsets -r..r, or -r..0 when causal."""
+    return radius + 1 if is_causal else 2 * radius + 1
+
+
+def band_columns(layout: BlockLayout, radius: int, is_causal: bool, device: torch.device) -> Tensor:
+    """`[w, l]`: the column of a block's window scores `[w, (s w)]` holding query row u's key at offset
+    o = -r + slot, clamped into the window. A clamped column only ever stands for a key outside the sequence
+    (the window reaches `radius` blocks-worth, or covers the whole sequence), which `band_slot_keep` masks."""
+    rows = torch.arange(layout.block, device=device)[:, None]
+    offsets = torch.arange(band_width(radius, is_causal), device=device) - radius
+    return (rows + layout.before * layout.block + offsets).clamp(0, layout.span * layout.block - 1)
+
+
+def band_slot_keep(keep: Tensor, radius: int, is_causal: bool) -> Tensor:
+    """Per-key keep `[b or 1, n]` (False past the sequence) -> `[b or 1, n, l]`: the key at each band slot exists
+    and is kept."""
+    keep = F.pad(keep, (radius, 0 if is_causal else radius), value=False)
+    return keep.unfold(1, band_width(radius, is_causal), 1)
+
+
+def band_scores(q: Tensor, k: Tensor, layout: BlockLayout, columns: Tensor, scale: float) -> Tensor:
+    """q, k: `[b, h, n, d]` -> band scores `[(b k), h, w, l]`; entry (u, slot) is q . k * scale for block row u
+    and its key at offset slot - r. Memory O(n * s * w) for the block scores, never n x n."""
+    scores = torch.matmul(layout.blocks(q), layout.windows(k).transpose(-1, -2)) * scale  # (b k) h w (s w)
+    return scores.gather(-1, columns.expand(*scores.shape[:2], *columns.shape))
+
+
+def convolve_band(scores: Tensor, keep: Tensor, kernels: Tensor) -> Tensor:
+    """Filter the band along the key axis: scores `[b, h, w, l]`, keep bool broadcastable to it, kernels
+    `[z, h, t]` (t odd) -> `[b, h, w, l]`. Missing keys are zeroed before each of the z convolutions, like the zero
+    padding past the band edges, so only kept keys' scores ever mix."""
+    rows = scores.shape[2]
+    x = rearrange(scores, "b h w l -> (b w) h l")
+    keep = rearrange(keep.expand_as(scores), "b h w l -> (b w) h l")
+    for kernel in kernels:
+        x = F.conv1d(x.masked_fill(~keep, 0.0), kernel[:, None], padding=kernel.shape[-1] // 2, groups=x.shape[1])
+    return rearrange(x, "(b w) h l -> b h w l", w=rows)
+
+
+def banded_conv_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernels: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    radius: int = 256,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Convolutional band attention.
+
+    q, k, v: `[b, h, n, d]`; kernels: `[z, h, t]` per-head taps (t odd, centre = the key itself); mask: `[b, n]`
+    bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside. A query with no
+    kept key returns zeros. Convolutions and softmax run in float32 or wider.
+    """
+    b, _, n, d = q.shape
+    # Band slots farther than n - 1 always hold missing keys, which equal zero padding: trim them.
+    radius = min(radius, n - 1)
+    layout = window_layout(n, radius, is_causal)
+    columns = band_columns(layout, radius, is_causal, q.device)
+    keep = band_slot_keep(layout.keep(mask, b, q.device), radius, is_causal)  # [b or 1, (k w), l]
+    keep = as_sdpa_mask(rearrange(keep, "b (k w) l -> b k 1 w l", w=layout.block), b)  # [(b k), 1, w, l]
+
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = band_scores(q, k, layout, columns, d**-0.5 if scale is None else scale).to(dtype)
+    logits = convolve_band(scores, keep, kernels.to(dtype))
+    # The lowest finite value, not -inf, and zeros after: a query with no kept key gets zero weights.
+    probs = logits.masked_fill(~keep, torch.finfo(dtype).min).softmax(-1).masked_fill(~keep, 0.0)
+    probs = F.dropout(probs, dropout_p) if dropout_p > 0 else probs
+
+    # Back into the window layout for one matmul with the values; add, not write: clamped columns repeat (at 0).
+    values = layout.windows(v)  # (b k) h (s w) d
+    weights = probs.new_zeros(*probs.shape[:3], values.shape[-2])
+    weights = weights.scatter_add(-1, columns.expand_as(probs), probs).to(v.dtype)
+    return layout.unblock(torch.matmul(weights, values), b)
+
+
+def identity_kernels(depth: int, num_heads: int, kernel_size: int, **dd) -> Tensor:
+    """`[z, h, t]` kernels that leave the band unchanged: centre tap 1, the others 0."""
+    kernels = torch.zeros(depth, num_heads, kernel_size, **dd)
+    kernels[..., kernel_size // 2] = 1.0
+    return kernels
+
+
+@register_attention("banded_conv")
+class BandedConvAttention(AttentionBase):
+    """Sliding-window attention of `radius` (default 256, as `local`'s window) whose band of logits is filtered by
+    `depth` (default 2) learned per-head kernels of `kernel_size` (odd, default 3) taps, identity at init."""
+
+    supports_causal = True
+    has_attention_weights = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        *,
+        radius: int = 256,
+        depth: int = 2,
+        kernel_size: int = 3,
+        **timm_args,
+    ) -> None:
+        super().__init__(dim, num_heads, **timm_args)
+        self.radius = check_int("radius", radius, 1)
+        self.depth = check_int("depth", depth, 1)
+        self.kernel_size = check_int("kernel_size", kernel_size, 1)
+        if kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size={kernel_size} is not allowed: expected an odd integer, centred on the key")
+        dd = {"device": timm_args.get("device"), "dtype": timm_args.get("dtype")}
+        self.kernels = nn.Parameter(identity_kernels(depth, num_heads, kernel_size, **dd))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        return banded_conv_attention(
+            q, k, v, self.kernels, mask, is_causal, radius=self.radius, scale=self.scale, dropout_p=dropout_p
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, radius={self.radius}, depth={self.depth}, kernel_size={self.kernel_size}"
