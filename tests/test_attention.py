@@ -12,6 +12,8 @@ DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 SMALL_OPTIONS: dict[str, dict] = {
     "synthesizer": {"max_seq_len": 4096},
     "reformer": {"bucket_size": 8},
+    "vq": {"codebook_size": 16, "block_len": 8},
+    "banded_conv": {"radius": 8},
 }
 ALL = list_attentions()
 CAUSAL = [name for name in ALL if zoo.attention.get_attention(name).supports_causal]
