@@ -2,7 +2,8 @@
 
 The core every kernelised variant shares (Performer, linear attention): non-causal in two matmuls, causal by
 chunked prefix sums (quadratic inside a chunk, a carried state across chunks), and a recurrent step for
-token-by-token decoding that equals the causal output.
+token-by-token decoding that equals the causal output. `KernelStepMixin` turns that step into the module-level
+decoding API (`init_state`, `decode_step`) of every kernelised variant.
 
 Keys may carry a log-scale `m_j` (the true key feature is `exp(m_j) * phi_k_j`), so features stabilised per key
 combine exactly like online softmax: weights `exp(m_j - M_i)` with `M_i` the running max, never above 1.
@@ -20,7 +21,14 @@ from torch import Tensor
 
 from ._common import pad_to_multiple
 
-__all__ = ["kernel_attention", "kernel_attention_step", "KernelState", "DENOMINATOR_EPS"]
+__all__ = [
+    "kernel_attention",
+    "kernel_attention_step",
+    "init_kernel_state",
+    "KernelState",
+    "KernelStepMixin",
+    "DENOMINATOR_EPS",
+]
 
 # (S: [b, h, r, d], z: [b, h, r], offset: [b, h]): sum_j exp(m_j - offset) phi_k_j v_j^T and phi_k_j.
 KernelState = tuple[Tensor, Tensor, Tensor]
@@ -177,11 +185,9 @@ def kernel_attention_step(
         if key_log_scale is not None:
             log_scale = _finite(key_log_scale.to(dtype))
         if state is None:
-            kv = torch.zeros(*phi_k.shape, v.shape[-1], dtype=dtype, device=v.device)
-            z = torch.zeros_like(phi_k)
-            offset = torch.full_like(log_scale, torch.finfo(dtype).min)
-        else:
-            kv, z, offset = state
+            b, h, r = phi_k.shape
+            state = init_kernel_state(b, h, r, v.shape[-1], device=v.device, dtype=dtype)
+        kv, z, offset = state
         new_offset = torch.maximum(offset, log_scale)
         grow = torch.exp(offset - new_offset)[..., None]
         enter = torch.exp(log_scale - new_offset)[..., None]
@@ -190,3 +196,85 @@ def kernel_attention_step(
         num = torch.einsum("bhr,bhrd->bhd", phi_q, kv)
         den = torch.einsum("bhr,bhr->bh", phi_q, z)[..., None]
         return (num / den.clamp_min(eps)).to(out_dtype), (kv, z, new_offset)
+
+
+def init_kernel_state(
+    batch: int,
+    heads: int,
+    features: int,
+    value_dim: int,
+    *,
+    device: Optional[torch.device] = None,
+    dtype: torch.dtype = torch.float32,
+) -> KernelState:
+    """The state before the first token: S `[b, h, r, d]` and z `[b, h, r]` zero, offset `[b, h]` at dtype's min."""
+    kv = torch.zeros(batch, heads, features, value_dim, device=device, dtype=dtype)
+    z = torch.zeros(batch, heads, features, device=device, dtype=dtype)
+    offset = torch.full((batch, heads), torch.finfo(dtype).min, device=device, dtype=dtype)
+    return kv, z, offset
+
+
+class KernelStepMixin:
+    """Token-by-token causal decoding for an `AttentionBase` whose causal mode is `kernel_attention`.
+
+    The state is `(S, z, offset)` (`KernelState`, float32 at least): O(r d) per sample and head whatever the
+    position, so generating a token costs the same at position 10 and 10^6. Feeding a sequence one token at
+    a time through `decode_step` gives the causal forward `module(x, is_causal=True)` (same features: Performer
+    in eval mode, no redraw in between). Usage, for a stack of blocks:
+
+        states = [None] * depth
+        for t in range(n):
+            h = x[:, t]  # [b, c]
+            for i, block in enumerate(blocks):
+                out, states[i] = block.attn.decode_step(block.norm1(h), states[i])
+                ...
+
+    A variant implements `step_features` (its features for one token, exactly as its causal forward computes
+    them) and `state_features` (r). The method is not called `step`: Performer and Reformer count optimizer
+    steps in a `step` buffer (a checkpoint key).
+    """
+
+    state_features: int
+
+    def step_features(
+        self, q: Tensor, k: Tensor, keep: Optional[Tensor]
+    ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        """This token's features, as the causal forward computes them.
+
+        q, k: `[b, h, 1, d]`; keep: `[b, 1]` bool or None -> phi_q, phi_k `[b, h, 1, r]` (phi_k zero where not
+        kept) and the key log-scale `[b, h, 1]` (-inf where not kept) or None.
+        """
+        raise NotImplementedError
+
+    def init_state(self, batch: int) -> KernelState:
+        """The state before the first token of `batch` sequences, on the module's device; same as state=None."""
+        weight = self.qkv.weight
+        dtype = _compute_dtype(weight.dtype)
+        return init_kernel_state(
+            batch, self.num_heads, self.state_features, self.head_dim, device=weight.device, dtype=dtype
+        )
+
+    def decode_step(
+        self, x: Tensor, state: Optional[KernelState] = None, *, keep: Optional[Tensor] = None
+    ) -> tuple[Tensor, KernelState]:
+        """One causal step, projections included.
+
+        x: `[b, c]` or `[b, 1, c]`, the current token; state: the previous call's state or None (= `init_state`);
+        keep: `[b]` bool or None, False for a padding token (e.g. left-padded prompts), which then adds nothing
+        to the state. Returns the output in x's shape (`[b, c_out]` or `[b, 1, c_out]`) and the new state
+        (S `[b, h, r, d]`, z `[b, h, r]`, offset `[b, h]`).
+        """
+        single = x.dim() == 2
+        tokens = x[:, None] if single else x
+        if tokens.dim() != 3 or tokens.shape[1] != 1:
+            raise ValueError(f"decode_step takes one token, x of shape [b, c] or [b, 1, c]; got {tuple(x.shape)}")
+        if keep is not None and keep.shape != tokens.shape[:1]:
+            raise ValueError(f"keep of shape {tuple(keep.shape)} is not [{tokens.shape[0]}] (one flag per sample)")
+        q, k, v = self.project_qkv(tokens)
+        phi_q, phi_k, log_scale = self.step_features(q, k, None if keep is None else keep[:, None].bool())
+        out, state = kernel_attention_step(
+            phi_q[:, :, 0], phi_k[:, :, 0], v[:, :, 0], state,
+            key_log_scale=None if log_scale is None else log_scale[..., 0],
+        )
+        out = self.project_out(out[:, :, None], tokens)
+        return (out[:, 0] if single else out), state

@@ -4,7 +4,10 @@ Softmax attention approximated with positive orthogonal random features, `exp(q.
 cost is linear in the sequence length (`kernel="relu"` gives the paper's generalized attention instead).
 Features are stabilised per row / per (sample, head) / per key, never across the batch or the future, and
 computed in float32. Random features are redrawn every `redraw_interval` optimizer steps from a seed buffer,
-so data-parallel replicas and resumed runs draw the same matrices.
+so data-parallel replicas and resumed runs draw the same matrices. The projection is block-orthogonal gaussian
+(the paper's ORF), iid gaussian, or structured Hadamard blocks (SORF, "Orthogonal Random Features", Yu et al.
+2016, https://arxiv.org/abs/1610.09072). Causal decoding carries the FAVOR+ state token to token
+(`decode_step`, shared with linear attention through `KernelStepMixin`).
 """
 from __future__ import annotations
 
@@ -16,11 +19,11 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ._common import AttentionBase
-from ._features import gaussian_orthogonal_random_matrix, relu_kernel_features, softmax_kernel_features
-from ._kernel import DENOMINATOR_EPS, kernel_attention
+from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
+from ._kernel import DENOMINATOR_EPS, KernelStepMixin, kernel_attention
 from ._registry import register_attention
 
-__all__ = ["PerformerAttention", "favor_attention"]
+__all__ = ["PerformerAttention", "favor_attention", "favor_features"]
 
 KERNELS = ("softmax", "relu")
 
@@ -58,21 +61,38 @@ def favor_attention(
         q, k, v, projection = q.to(dtype), k.to(dtype), v.to(dtype), projection.to(dtype)
         if fused and kernel == "softmax" and not is_causal:
             return _FusedFavor.apply(q, k, v, projection, mask, eps).to(out_dtype)
-        key_log_scale = None
-        if kernel == "softmax":
-            phi_q, _ = softmax_kernel_features(q, projection, is_query=True, eps=eps)
-            phi_k, key_offset = softmax_kernel_features(
-                k, projection, is_query=False, mask=mask, causal=is_causal, eps=eps
-            )
-            if is_causal:
-                key_log_scale = key_offset
-        else:
-            phi_q = relu_kernel_features(q, projection, eps=eps)
-            phi_k = relu_kernel_features(k, projection, mask=mask, eps=eps)
+        phi_q, phi_k, key_log_scale = favor_features(q, k, projection, mask, is_causal, kernel=kernel, eps=eps)
         out = kernel_attention(
             phi_q, phi_k, v, key_log_scale=key_log_scale, is_causal=is_causal, chunk_size=chunk_size
         )
     return out.to(out_dtype)
+
+
+def favor_features(
+    q: Tensor,
+    k: Tensor,
+    projection: Tensor,
+    mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    *,
+    kernel: Literal["softmax", "relu"] = "softmax",
+    eps: float = 1e-4,
+) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """The features `kernel_attention` takes, in float32 at least with autocast off.
+
+    q, k: `[b, h, n, d]`; projection: `[r, d]`; mask: `[b, n]` bool, True = keep -> phi_q, phi_k `[b, h, n, r]`
+    (padded keys zero) and the key log-scale `[b, h, n]` for the causal softmax kernel (per-key stabiliser,
+    -inf for padded keys), else None (the non-causal stabiliser is one constant per sample and head).
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k, projection = q.to(dtype), k.to(dtype), projection.to(dtype)
+        if kernel == "relu":
+            phi_k = relu_kernel_features(k, projection, mask=mask, eps=eps)
+            return relu_kernel_features(q, projection, eps=eps), phi_k, None
+        phi_q, _ = softmax_kernel_features(q, projection, is_query=True, eps=eps)
+        phi_k, key_offset = softmax_kernel_features(k, projection, is_query=False, mask=mask, causal=is_causal, eps=eps)
+        return phi_q, phi_k, key_offset if is_causal else None
 
 
 # Rows per block in `_FusedFavor`: about 32 MiB of features across batch x heads, written into buffers
@@ -292,7 +312,7 @@ def _positive_int(name: str, value: int, minimum: int) -> None:
 
 
 @register_attention("performer")
-class PerformerAttention(AttentionBase):
+class PerformerAttention(KernelStepMixin, AttentionBase):
     """FAVOR+ multi-head attention with timm's projections; causal mode by chunked prefix sums.
 
     `fused=True` (default) runs the non-causal softmax kernel through `_FusedFavor` (blocked, features
@@ -303,7 +323,12 @@ class PerformerAttention(AttentionBase):
     `projection*`: `proj` is the prefix of timm's output projection), `seed` (drawn once from torch's global
     RNG at construction), `step` (optimizer steps seen). Call `zoo.attention.on_optimizer_step(model)` after
     every optimizer step; with `redraw_interval > 0` the features are redrawn every `redraw_interval` steps
-    from a generator seeded by (`seed`, redraw index).
+    from a generator seeded by (`seed`, redraw index). `projection` picks how they are drawn (`PROJECTIONS`):
+    `orthogonal` (blocks of orthogonal rows, chi norms), `gaussian` (iid N(0, 1) rows) or `hadamard` (SORF
+    blocks `sqrt(p) H D1 H D2 H D3`, p = head dim rounded up to a power of 2); see `_features.random_projection`.
+
+    `decode_step` / `init_state` (from `KernelStepMixin`) decode causally token by token with the current
+    features; they equal the causal forward while the features stay fixed (no redraw in between).
     """
 
     supports_causal = True
@@ -315,6 +340,7 @@ class PerformerAttention(AttentionBase):
         *,
         nb_features: int = 256,
         kernel: Literal["softmax", "relu"] = "softmax",
+        projection: Literal["orthogonal", "gaussian", "hadamard"] = "orthogonal",
         redraw_interval: int = 0,
         chunk_size: int = 128,
         eps: float = 1e-4,
@@ -326,6 +352,8 @@ class PerformerAttention(AttentionBase):
         _positive_int("chunk_size", chunk_size, 1)
         if kernel not in KERNELS:
             raise ValueError(f"kernel {kernel!r} is not one of {', '.join(map(repr, KERNELS))}")
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection {projection!r} is not one of {', '.join(map(repr, PROJECTIONS))}")
         if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
             raise ValueError(f"eps={eps!r} must be a number >= 0")
         if not isinstance(fused, bool):
@@ -333,6 +361,9 @@ class PerformerAttention(AttentionBase):
         super().__init__(dim, num_heads, **timm_args)
         self.nb_features = nb_features
         self.kernel = kernel
+        self.projection = projection
+        # The recurrent state of `decode_step` has one row per random feature.
+        self.state_features = nb_features
         self.redraw_interval = redraw_interval
         self.chunk_size = chunk_size
         self.eps = float(eps)
@@ -346,8 +377,8 @@ class PerformerAttention(AttentionBase):
         """Redraw number `index` of the random features, `[nb_features, head_dim]`: a pure function of `seed`."""
         # Golden-ratio stride: distinct, well-spread generator seeds for (seed, index), identical on every replica.
         generator = torch.Generator().manual_seed((int(self.seed) + index * 0x9E3779B97F4A7C15) % 2**64)
-        return gaussian_orthogonal_random_matrix(
-            self.nb_features, self.head_dim, scaling="chi", generator=generator, device=self.seed.device
+        return random_projection(
+            self.projection, self.nb_features, self.head_dim, generator=generator, device=self.seed.device
         )
 
     @torch.no_grad()
@@ -368,9 +399,13 @@ class PerformerAttention(AttentionBase):
             kernel=self.kernel, chunk_size=self.chunk_size, eps=self.eps, fused=self.fused,
         )
 
+    def step_features(self, q: Tensor, k: Tensor, keep: Optional[Tensor]) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+        return favor_features(q, k, self.random_features, keep, True, kernel=self.kernel, eps=self.eps)
+
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, nb_features={self.nb_features}, kernel={self.kernel!r}, "
+            f"projection={self.projection!r}, "
             f"redraw_interval={self.redraw_interval}, chunk_size={self.chunk_size}, eps={self.eps}, "
             f"fused={self.fused}"
         )

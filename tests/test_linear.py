@@ -1,0 +1,161 @@
+"""Linear attention (elu + 1 features) and the recurrent decoding API it shares with Performer."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zoo
+import zoo.attention.linear  # noqa: F401  (registers "linear" even before the package imports it)
+from zoo.attention.linear import linear_attention
+
+DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
+
+# Recurrent variants and options that exercise their feature maps (Performer: fixed features, eval mode).
+DECODERS = {
+    "linear": ("linear", {"chunk_size": 8}),
+    "performer": ("performer", {"nb_features": 24, "chunk_size": 8}),
+    "performer-relu-hadamard": ("performer", {"nb_features": 24, "kernel": "relu", "projection": "hadamard"}),
+}
+
+
+def make(name: str = "linear", **options) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return zoo.create_attention(name, DIM, HEADS, **options).eval()
+
+
+def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return F.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+
+
+def gaussians(*shape, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).requires_grad_()
+
+
+def naive_linear_attention(q, k, v, mask=None, is_causal=False):
+    """Quadratic reference: weights phi(q) phi(k)^T, phi = elu + 1, masked, normalised over the keys."""
+    weights = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-2, -1)
+    if mask is not None:
+        weights = weights * mask[:, None, None, :]
+    if is_causal:
+        n = q.shape[-2]
+        weights = weights.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), 0.0)
+    return (weights @ v) / weights.sum(-1, keepdim=True)
+
+
+def grads(out, tensors):
+    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    return torch.autograd.grad((out * weight).sum(), tensors)
+
+
+@pytest.mark.parametrize("is_causal,chunk_size", [(False, 128), (True, 1), (True, 5), (True, 16), (True, 128)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_equals_the_quadratic_reference(is_causal, chunk_size, masked):
+    # Chunk sizes 5 and 16 do not divide 37: the last chunk is padded internally.
+    q, k, v = (gaussians(2, 3, LENGTH, 8, seed=s) for s in (1, 2, 3))
+    mask = None
+    if masked:
+        mask = torch.ones(2, LENGTH, dtype=torch.bool)
+        mask[1, 21:] = False
+    out = linear_attention(q, k, v, mask, is_causal, chunk_size=chunk_size)
+    expected = naive_linear_attention(q, k, v, mask, is_causal)
+    torch.testing.assert_close(out, expected)
+    for actual, reference in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+        torch.testing.assert_close(actual, reference)
+
+
+def test_module_is_the_function_between_timm_projections():
+    attention = make(qkv_bias=True).double()
+    x = inputs().double()
+    for causal in (False, True):
+        q, k, v = attention.project_qkv(x)
+        expected = attention.proj(naive_linear_attention(q, k, v, None, causal).transpose(1, 2).flatten(2))
+        torch.testing.assert_close(attention(x, is_causal=causal), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padded_keys_get_no_weight(causal):
+    attention = make(chunk_size=8)
+    x = inputs()
+    keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    keep[1, 25:] = False
+    out = attention(x, attn_mask=keep, is_causal=causal)
+    torch.testing.assert_close(out[1, :25], attention(x[1:, :25], is_causal=causal)[0], atol=1e-6, rtol=1e-5)
+    changed = x.clone()
+    changed[1, 25:] = torch.randn(LENGTH - 25, DIM) * 50
+    torch.testing.assert_close(attention(changed, attn_mask=keep, is_causal=causal)[keep], out[keep])
+
+
+def test_causal_never_sees_the_future():
+    attention = make(chunk_size=8)
+    x = inputs()
+    changed = x.clone()
+    changed[:, 20:] = torch.randn_like(changed[:, 20:]) * 40
+    out, out_changed = attention(x, is_causal=True), attention(changed, is_causal=True)
+    torch.testing.assert_close(out[:, :20], out_changed[:, :20], atol=1e-6, rtol=0)
+    assert not torch.allclose(out[:, 20:], out_changed[:, 20:])
+
+
+@pytest.mark.parametrize("variant", list(DECODERS))
+def test_decode_step_equals_the_causal_forward(variant):
+    name, options = DECODERS[variant]
+    attention = make(name, qkv_bias=True, gated=True, **options)
+    x = inputs()
+    full = attention(x, is_causal=True)
+    state, steps = attention.init_state(BATCH), []
+    for t in range(LENGTH):
+        out, state = attention.decode_step(x[:, t], state)
+        steps.append(out)
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    r = attention.state_features
+    assert [tuple(s.shape) for s in state] == [(BATCH, HEADS, r, DIM // HEADS), (BATCH, HEADS, r), (BATCH, HEADS)]
+    # [b, 1, c] in gives [b, 1, c] out; no state is the initial state.
+    first, _ = attention.decode_step(x[:, :1])
+    torch.testing.assert_close(first, full[:, :1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", list(DECODERS))
+def test_decode_step_skips_padding_tokens_like_the_key_padding_mask(variant):
+    name, options = DECODERS[variant]
+    attention = make(name, **options)
+    x = inputs()
+    keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    # Left padding (as for prompts of different lengths) and a hole in the middle.
+    keep[0, :4] = False
+    keep[1, 10] = False
+    full = attention(x, attn_mask=keep, is_causal=True)
+    state, steps = None, []
+    for t in range(LENGTH):
+        out, state = attention.decode_step(x[:, t], state, keep=keep[:, t])
+        steps.append(out)
+    torch.testing.assert_close(torch.stack(steps, dim=1)[keep], full[keep], atol=1e-5, rtol=1e-5)
+
+
+def test_decode_step_rejects_more_than_one_token_and_bad_keep():
+    attention = make()
+    with pytest.raises(ValueError, match=r"one token.*\(2, 3, 32\)"):
+        attention.decode_step(inputs(length=3))
+    with pytest.raises(ValueError, match=r"keep of shape \(2, 1\)"):
+        attention.decode_step(inputs(length=1), keep=torch.ones(2, 1, dtype=torch.bool))
+
+
+def test_chunk_size_is_validated_and_does_not_change_the_output():
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        make(chunk_size=0)
+    x = inputs()
+    outs = [make(chunk_size=c)(x, is_causal=True) for c in (3, 37, 64)]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_long_sequence_is_finite(causal):
+    attention = make().to(torch.bfloat16).train()
+    x = (torch.randn(1, 4096, DIM, generator=torch.Generator().manual_seed(0)) * 30).to(torch.bfloat16)
+    x.requires_grad_()
+    out = attention(x, is_causal=causal)
+    assert out.dtype == torch.bfloat16
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    for name, param in attention.named_parameters():
+        assert torch.isfinite(param.grad).all(), name
