@@ -14,6 +14,7 @@ SMALL_OPTIONS: dict[str, dict] = {
     "reformer": {"bucket_size": 8},
     "vq": {"codebook_size": 16, "block_len": 8},
     "banded_conv": {"radius": 8},
+    "gau": {"group_size": 8},
 }
 ALL = list_attentions()
 CAUSAL = [name for name in ALL if zoo.attention.get_attention(name).supports_causal]

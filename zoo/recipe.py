@@ -86,6 +86,15 @@ class ModelConfig:
     # patch: timm's patchify convolution; conv: a convolutional stem of the same stride (zoo.models.stems)
     stem: Literal["patch", "conv"] = "patch"
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # timm: timm's pre-norm blocks (attention + MLP); gau: FLASH blocks of two gated attention units, which bring
+    # their own attention (attention.name must be gau) - see docs/gau.md
+    block: Literal["timm", "gau"] = "timm"
+    # gau blocks only: z_dim (shared query/key width, default 128) and expansion (value width / embed_dim, 2)
+    block_options: dict[str, Any] = field(default_factory=dict)
+    # RevNet couplings (Reformer): blocks recomputed in backward, activation memory independent of depth
+    reversible: bool = False
+    # the MLP runs over this many checkpointed chunks of the sequence (0 or 1: off); timm blocks only
+    ff_chunks: int = _bounded(0, min=0)
     drop_rate: float = _unit_interval(0.0)
     drop_path_rate: float = _unit_interval(0.0)
     attn_drop_rate: float = _unit_interval(0.0)
@@ -97,9 +106,16 @@ class ModelConfig:
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def _problems(self) -> list[tuple[str, str]]:
+        problems = []
         if self.embed_dim is not None and self.num_heads is not None and self.embed_dim % self.num_heads:
-            return [("num_heads", f"must divide embed_dim {self.embed_dim}, got {self.num_heads}")]
-        return []
+            problems.append(("num_heads", f"must divide embed_dim {self.embed_dim}, got {self.num_heads}"))
+        if self.block == "gau" and self.attention.name != "gau":
+            problems.append(("attention.name", f"must be 'gau' when block is 'gau', got {self.attention.name!r}"))
+        if self.block == "gau" and self.ff_chunks > 1:
+            problems.append(("ff_chunks", f"chunks the MLP of timm blocks; block 'gau' has none, got {self.ff_chunks}"))
+        if self.block == "timm" and self.block_options:
+            problems.append(("block_options", f"only block 'gau' takes options, got {self.block_options}"))
+        return problems
 
 
 @dataclass

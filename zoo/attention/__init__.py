@@ -25,3 +25,4 @@ from . import reformer  # noqa: E402,F401
 from . import vq  # noqa: E402,F401
 from . import banded_conv  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
+from . import gau  # noqa: E402,F401

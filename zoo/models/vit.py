@@ -1,8 +1,9 @@
 """timm Vision Transformers with any registered attention in every block.
 
 `create_model('vit_small_patch16_224', attention='performer', img_size=1024)` builds timm's own
-`VisionTransformer` through its `attn_layer` argument, so `forward_features`, `forward_head`,
-`reset_classifier`, `set_grad_checkpointing` and `dynamic_img_size` behave as in timm. Named variants
+`VisionTransformer` through its `attn_layer` and `block_fn` arguments, so `forward_features`, `forward_head`,
+`reset_classifier`, `set_grad_checkpointing` and `dynamic_img_size` behave as in timm. The backbone options of
+`zoo.models.blocks` (`block='gau'`, `reversible=True`, `ff_chunks=4`) work with any attention. Named variants
 `zoo_<timm name>` are registered with timm, so `timm.create_model('zoo_vit_small_patch16_224',
 attention='performer')` works too.
 
@@ -27,9 +28,10 @@ from torch import nn
 
 from ..attention import attention_class
 from ..attention._common import TIMM_ATTENTION_KEYS
+from .blocks import ReversibleSequence, block_class
 from .stems import STEMS
 
-__all__ = ["create_model", "load_pretrained", "LoadReport", "VIT_ARCHITECTURES"]
+__all__ = ["VIT_ARCHITECTURES", "LoadReport", "ReversibleVisionTransformer", "create_model", "load_pretrained"]
 
 _logger = logging.getLogger(__name__)
 
@@ -71,6 +73,10 @@ def create_model(
     *,
     attention: str = "softmax",
     attention_options: Optional[dict[str, Any]] = None,
+    block: str = "timm",
+    block_options: Optional[dict[str, Any]] = None,
+    reversible: bool = False,
+    ff_chunks: int = 0,
     pretrained: bool = False,
     pretrained_file: Optional[str | Path] = None,
     stem: str = "patch",
@@ -78,21 +84,59 @@ def create_model(
 ) -> VisionTransformer:
     """A timm VisionTransformer `name` whose every block uses attention `attention` with `attention_options`.
 
-    `stem`: `patch` (timm's patchify convolution) or `conv` (a convolutional stem of the same stride, see
-    `zoo.models.stems`). `timm_kwargs` go to timm (`img_size`, `num_classes`, `in_chans`, `dynamic_img_size`,
-    `drop_path_rate`, ...).
+    `block`: `timm` or `gau` (FLASH blocks, with `attention='gau'`; `block_options` may set `z_dim` and
+    `expansion`); `reversible`: RevNet couplings, activation memory independent of depth; `ff_chunks`: the MLP
+    runs over that many checkpointed chunks of the sequence (see `zoo.models.blocks`). `stem`: `patch` (timm's
+    patchify convolution) or `conv` (a convolutional stem of the same stride, see `zoo.models.stems`).
+    `timm_kwargs` go to timm (`img_size`, `num_classes`, `in_chans`, `dynamic_img_size`, `drop_path_rate`, ...).
     """
     base = _vit_name(name)
     if stem not in STEMS:
         raise ValueError(f"unknown stem {stem!r}; allowed: {', '.join(STEMS)}")
+    if not isinstance(reversible, bool):
+        raise ValueError(f"reversible={reversible!r} must be True or False")
     attn_layer = attention_class(attention, **(attention_options or {}))
-    model = timm.create_model(base, pretrained=False, attn_layer=attn_layer, embed_layer=STEMS[stem], **timm_kwargs)
+    block_fn = block_class(
+        block, attention=attention, attention_options=attention_options, block_options=block_options,
+        ff_chunks=ff_chunks,
+    )
+    model = timm.create_model(
+        base, pretrained=False, attn_layer=attn_layer, block_fn=block_fn, embed_layer=STEMS[stem], **timm_kwargs
+    )
+    if reversible:
+        model.blocks = ReversibleSequence(*model.blocks)
+        # timm's forward_features runs `blocks` one by one under a mask or gradient checkpointing, which would
+        # bypass the couplings: the subclass always runs them as one stack (and adds only that).
+        model.__class__ = ReversibleVisionTransformer
     model.zoo_attention = {"name": attention, "options": dict(attention_options or {})}
+    model.zoo_blocks = {
+        "block": block, "options": dict(block_options or {}), "reversible": reversible, "ff_chunks": ff_chunks
+    }
     if pretrained_file is not None:
         load_pretrained(model, pretrained_file)
     elif pretrained:
         _load_from_hub(model, base, timm_kwargs)
     return model
+
+
+class ReversibleVisionTransformer(VisionTransformer):
+    """timm's VisionTransformer whose `blocks` is a `ReversibleSequence` (built by `create_model(reversible=True)`).
+
+    `forward_features` always runs the stack as a whole: with a mask, causally, and under
+    `set_grad_checkpointing(True)` (which changes nothing here: the couplings already recompute every block).
+    """
+
+    def forward_features(
+        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        return self.norm(self.blocks(x, attn_mask=attn_mask, is_causal=is_causal))
+
+    def forward_intermediates(self, *args: Any, **kwargs: Any):
+        raise NotImplementedError(
+            "forward_intermediates runs blocks one at a time, which reversible couplings do not allow; build the "
+            "model with reversible=False to take intermediate features"
+        )
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,365 @@
+"""Transformer blocks and block stacks that work with any zoo attention: the backbone options.
+
+- `block`: `timm` (timm's pre-norm `Block`: attention + MLP, same parameter names, so timm weights load) or `gau`
+  (FLASH: two gated attention units replace attention + MLP; "Transformer Quality in Linear Time", Hua et al.
+  2022, https://arxiv.org/abs/2202.10447). Every block exposes its two residual branches, `branch1` and `branch2`.
+- `reversible`: RevNet couplings ("The Reversible Residual Network", Gomez et al. 2017,
+  https://arxiv.org/abs/1707.04585, as used by "Reformer: The Efficient Transformer", Kitaev et al. 2020,
+  https://arxiv.org/abs/2001.04451): `y1 = x1 + F(x2)`, `y2 = x2 + G(y1)` with F, G the two branches. The
+  input is duplicated (`x1 = x2 = x`, as Reformer and RevViT do, rather than split in half: every branch keeps
+  the full width, so the weights are those of the plain model) and the two streams are averaged at the end.
+  Backward recomputes each block's inputs from its outputs, so activation memory does not grow with depth.
+- `ff_chunks`: the feed-forward runs over that many chunks of the sequence, each checkpointed, so its
+  `[n, 4 c]` hidden activations exist for one chunk at a time (Reformer's chunked feed-forward).
+
+`block_class` gives a class for timm's `block_fn` slot; `build_blocks` builds a whole stack for a 1-D backbone,
+called as `blocks(x, attn_mask=None, is_causal=False)`.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Optional
+
+import torch
+from timm.layers import LayerNorm, calculate_drop_path_rates
+from timm.models.vision_transformer import Block as TimmBlock
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention import attention_class
+from ..attention.gau import GatedAttentionUnit
+
+__all__ = [
+    "BLOCKS",
+    "Block",
+    "BlockSequence",
+    "GAUBlock",
+    "ReversibleSequence",
+    "block_class",
+    "build_blocks",
+    "chunked_feed_forward",
+]
+
+BLOCKS = ("timm", "gau")
+# Options of a GAU block that are not attention options (group_size comes from the `gau` attention's options).
+GAU_BLOCK_OPTIONS = ("z_dim", "expansion")
+
+
+def chunked_feed_forward(fn: Callable[[Tensor], Tensor], x: Tensor, chunks: int) -> Tensor:
+    """`fn` applied to `x: [b, n, c]` in `chunks` pieces along n -> `[b, n, c']`; 0 or 1: in one piece.
+
+    `fn` must treat positions independently. With gradients on, each piece is checkpointed: its hidden
+    activations are recomputed in backward instead of kept, which is where the memory saving comes from.
+    """
+    if chunks <= 1 or x.shape[1] <= 1:
+        return fn(x)
+    if torch.is_grad_enabled():
+        return torch.cat([checkpoint(fn, part, use_reentrant=False) for part in x.chunk(chunks, dim=1)], dim=1)
+    return torch.cat([fn(part) for part in x.chunk(chunks, dim=1)], dim=1)
+
+
+def _check_chunks(ff_chunks: int) -> int:
+    if isinstance(ff_chunks, bool) or not isinstance(ff_chunks, int) or ff_chunks < 0:
+        raise ValueError(f"ff_chunks={ff_chunks!r} is not allowed: expected an integer >= 0 (0 or 1: off)")
+    return ff_chunks
+
+
+class Block(TimmBlock):
+    """timm's pre-norm `Block` (same submodules, so checkpoints load strictly) with its residual branches exposed
+    and an optional chunked feed-forward. Takes timm's `Block` arguments, then `ff_chunks`."""
+
+    def __init__(self, *args: Any, ff_chunks: int = 0, **timm_args: Any) -> None:
+        super().__init__(*args, **timm_args)
+        self.ff_chunks = _check_chunks(ff_chunks)
+
+    def branch1(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        """Attention branch, `[b, n, c]` -> `[b, n, c]`."""
+        return self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
+
+    def branch2(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        """Feed-forward branch, `[b, n, c]` -> `[b, n, c]` (position-wise: the mask and causality do not apply).
+
+        Only the norm and MLP are chunked: drop path draws one mask per sample and must see the whole sequence.
+        """
+        return self.drop_path2(self.ls2(chunked_feed_forward(self._feed_forward, x, self.ff_chunks)))
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        return self.mlp(self.norm2(x))
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        x = x + self.branch1(x, attn_mask, is_causal)
+        return x + self.branch2(x, attn_mask, is_causal)
+
+
+class GAUBlock(nn.Module):
+    """FLASH block: two gated attention units (`gau1`, `gau2`), each pre-norm with a residual, in place of
+    attention + MLP; two GAUs with expansion 2 have about the parameters of one attention + MLP.
+
+    Takes timm's `Block` arguments so it fits `block_fn`: `dim`, `qkv_bias` (bias of the `uv` projection),
+    `proj_bias`, `proj_drop`, `init_values`, `drop_path`, `norm_layer` apply; `num_heads`, `mlp_ratio`,
+    `act_layer`, `mlp_layer` and `attn_layer` describe what a GAU replaces (one head, SiLU, expansion instead of
+    mlp_ratio) and are not used; `qk_norm`, `scale_attn_norm`, `scale_mlp_norm` and `attn_drop` have no GAU
+    counterpart and are refused.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 1,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        scale_attn_norm: bool = False,
+        scale_mlp_norm: bool = False,
+        proj_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        init_values: Optional[float] = None,
+        drop_path: float = 0.0,
+        act_layer: Optional[type[nn.Module]] = None,
+        norm_layer: type[nn.Module] = LayerNorm,
+        mlp_layer: Optional[type[nn.Module]] = None,
+        attn_layer: Optional[type[nn.Module]] = None,
+        depth: int = 0,
+        device=None,
+        dtype=None,
+        *,
+        z_dim: int = 128,
+        expansion: float = 2.0,
+        group_size: int = 256,
+    ) -> None:
+        super().__init__()
+        refused = {"qk_norm": qk_norm, "scale_attn_norm": scale_attn_norm, "scale_mlp_norm": scale_mlp_norm}
+        for name, value in refused.items():
+            if value:
+                raise ValueError(f"{name}={value!r} has no counterpart in a GAU block; set it to False")
+        if attn_drop > 0:
+            raise ValueError(f"attn_drop={attn_drop} cannot apply: a GAU block forms no softmax weights; set it to 0")
+        options = {
+            "z_dim": z_dim, "expansion": expansion, "group_size": group_size, "bias": qkv_bias,
+            "proj_bias": proj_bias, "proj_drop": proj_drop, "init_values": init_values, "drop_path": drop_path,
+            "norm_layer": norm_layer, "device": device, "dtype": dtype,
+        }
+        self.gau1 = GatedAttentionUnit(dim, **options)
+        self.gau2 = GatedAttentionUnit(dim, **options)
+
+    def branch1(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        return self.gau1(x, attn_mask, is_causal)
+
+    def branch2(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        return self.gau2(x, attn_mask, is_causal)
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        x = x + self.branch1(x, attn_mask, is_causal)
+        return x + self.branch2(x, attn_mask, is_causal)
+
+
+def _close(value: str, allowed: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value, list(allowed), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def block_class(
+    block: str = "timm",
+    *,
+    attention: str = "softmax",
+    attention_options: Optional[dict[str, Any]] = None,
+    block_options: Optional[dict[str, Any]] = None,
+    ff_chunks: int = 0,
+) -> type[nn.Module]:
+    """A block class with the options bound, for timm's `block_fn` slot (called with timm's `Block` arguments).
+
+    `timm`: `Block` with `ff_chunks`; the attention comes through `attn_layer` as usual, `block_options` must be
+    empty. `gau`: `GAUBlock`, which brings its own attention, so `attention` must be `gau` (its `group_size`
+    option is used) and `block_options` may set `z_dim` and `expansion`; `ff_chunks` must be 0 or 1 (a GAU block
+    has no separate feed-forward).
+    """
+    if block not in BLOCKS:
+        raise ValueError(f"unknown block {block!r}{_close(str(block), BLOCKS)}; allowed: {', '.join(BLOCKS)}")
+    _check_chunks(ff_chunks)
+    block_options = dict(block_options or {})
+    if block == "timm":
+        if block_options:
+            raise ValueError(f"block 'timm' takes no block_options, got {block_options}")
+        return _bind(Block, {"ff_chunks": ff_chunks})
+    if attention != "gau":
+        raise ValueError(
+            f"block 'gau' brings its own attention (FLASH mixed chunk attention), so attention must be 'gau', "
+            f"got {attention!r}"
+        )
+    if ff_chunks > 1:
+        raise ValueError(f"ff_chunks={ff_chunks} applies to the MLP of timm blocks; block 'gau' has none")
+    for key in block_options:
+        if key not in GAU_BLOCK_OPTIONS:
+            raise ValueError(
+                f"block 'gau' has no option {key!r}{_close(key, GAU_BLOCK_OPTIONS)}; its options: "
+                f"{', '.join(GAU_BLOCK_OPTIONS)} (group_size is an option of attention 'gau')"
+            )
+    # Validates the attention options (unknown keys raise) and reads them back with the defaults filled in.
+    group_size = getattr(attention_class("gau", **(attention_options or {})), "bound_options", {})
+    return _bind(GAUBlock, {**group_size, **block_options})
+
+
+def _bind(cls: type[nn.Module], bound: dict[str, Any]) -> type[nn.Module]:
+    """A subclass of `cls` with keyword options bound (timm's `block_fn` is called with keywords only)."""
+
+    def __init__(self, *args, **kwargs):
+        cls.__init__(self, *args, **{**bound, **kwargs})
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "bound_options": bound})
+
+
+class BlockSequence(nn.Sequential):
+    """Blocks applied in turn: `x: [b, n, c]` -> `[b, n, c]`, every block given the mask and `is_causal`."""
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        for block in self:
+            x = block(x, attn_mask=attn_mask, is_causal=is_causal)
+        return x
+
+
+class ReversibleSequence(nn.Sequential):
+    """Blocks as RevNet couplings: `x: [b, n, c]` -> `(y1 + y2) / 2`, `[b, n, c]` (see the module docstring).
+
+    Each block must expose `branch1` and `branch2` (`Block`, `GAUBlock`). `recompute=True` (the fast path) keeps
+    only the last block's outputs and recomputes the rest in backward, replaying the random state of dropout and
+    drop path and the autocast state; `recompute=False` is the reference: the same computation through ordinary
+    autograd. Parameter gradients flow through the autograd graph, so `.backward()` and `torch.autograd.grad`
+    both work. The children keep timm's names (`0`, `1`, ...), so a plain model's weights load.
+    """
+
+    def __init__(self, *blocks: nn.Module, recompute: bool = True) -> None:
+        super().__init__(*blocks)
+        for index, block in enumerate(self):
+            if not (hasattr(block, "branch1") and hasattr(block, "branch2")):
+                raise TypeError(
+                    f"block {index} ({type(block).__name__}) exposes no branch1/branch2: use "
+                    "zoo.models.blocks.Block or GAUBlock"
+                )
+        self.recompute = recompute
+
+    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+        blocks = list(self)
+        params = [p for p in self.parameters() if p.requires_grad]
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or bool(params))
+        if self.recompute and needs_grad and blocks:
+            y1, y2 = _ReversibleCouplings.apply(x, blocks, attn_mask, is_causal, *params)
+        else:
+            y1 = y2 = x
+            for block in blocks:
+                y1, y2 = _couple(block, y1, y2, attn_mask, is_causal)
+        return (y1 + y2) / 2
+
+
+def _couple(block: nn.Module, x1: Tensor, x2: Tensor, attn_mask, is_causal: bool) -> tuple[Tensor, Tensor]:
+    y1 = x1 + block.branch1(x2, attn_mask, is_causal)
+    return y1, x2 + block.branch2(y1, attn_mask, is_causal)
+
+
+class _RngState:
+    """The CPU (and the tensor's CUDA device) random state, to replay dropout and drop path in backward."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    @contextmanager
+    def replay(self) -> Iterator[None]:
+        with torch.random.fork_rng(devices=[self.device] if self.cuda is not None else []):
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state(self.cuda, self.device)
+            yield
+
+
+class _ReversibleCouplings(torch.autograd.Function):
+    """Forward without a graph, keeping only the last outputs; backward rebuilds each block's inputs from its
+    outputs (`x2 = y2 - G(y1)`, `x1 = y1 - F(x2)`) while back-propagating through the recomputed branches."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, blocks: list[nn.Module], attn_mask, is_causal: bool, *params: Tensor):
+        device_type = x.device.type
+        ctx.autocast = {
+            "device_type": device_type,
+            "dtype": torch.get_autocast_dtype(device_type),
+            "enabled": torch.is_autocast_enabled(device_type),
+        }
+        ctx.blocks, ctx.attn_mask, ctx.is_causal, ctx.params = blocks, attn_mask, is_causal, params
+        ctx.rng = []
+        y1 = y2 = x
+        for block in blocks:
+            rng1 = _RngState(x.device)
+            y1 = y1 + block.branch1(y2, attn_mask, is_causal)
+            rng2 = _RngState(x.device)
+            y2 = y2 + block.branch2(y1, attn_mask, is_causal)
+            ctx.rng.append((rng1, rng2))
+        ctx.save_for_backward(y1, y2)
+        return y1, y2
+
+    @staticmethod
+    def backward(ctx, dy1: Tensor, dy2: Tensor):
+        y1, y2 = (t.detach() for t in ctx.saved_tensors)
+        grads: dict[int, Tensor] = {}
+        for block, (rng1, rng2) in zip(reversed(ctx.blocks), reversed(ctx.rng)):
+            params = [p for p in block.parameters() if p.requires_grad]
+            g, (dy1_g, *dparams) = _branch_grad(ctx, block.branch2, rng2, y1, params, dy2)
+            _accumulate(grads, params, dparams)
+            x2 = y2 - g
+            dy1 = dy1 + dy1_g
+            f, (dx2_f, *dparams) = _branch_grad(ctx, block.branch1, rng1, x2, params, dy1)
+            _accumulate(grads, params, dparams)
+            y1, y2, dy2 = y1 - f, x2, dy2 + dx2_f
+        return (dy1 + dy2, None, None, None, *(grads.get(id(p)) for p in ctx.params))
+
+
+def _branch_grad(ctx, branch, rng: _RngState, x: Tensor, params: list[Tensor], grad_out: Tensor):
+    """Recompute `branch(x)` as in forward; returns its value (detached) and the gradients for x and params."""
+    x = x.detach().requires_grad_()
+    with torch.enable_grad(), rng.replay(), torch.autocast(**ctx.autocast):
+        out = branch(x, ctx.attn_mask, ctx.is_causal)
+    grads = torch.autograd.grad(out, (x, *params), grad_out, allow_unused=True)
+    return out.detach(), grads
+
+
+def _accumulate(grads: dict[int, Tensor], params: list[Tensor], values) -> None:
+    for param, value in zip(params, values):
+        if value is not None:
+            grads[id(param)] = value if id(param) not in grads else grads[id(param)] + value
+
+
+def build_blocks(
+    depth: int,
+    dim: int,
+    num_heads: int,
+    attention: str = "softmax",
+    attention_options: Optional[dict[str, Any]] = None,
+    *,
+    block: str = "timm",
+    block_options: Optional[dict[str, Any]] = None,
+    reversible: bool = False,
+    ff_chunks: int = 0,
+    drop_path_rate: float = 0.0,
+    **block_kwargs: Any,
+) -> nn.Sequential:
+    """`depth` blocks as one module called `blocks(x, attn_mask=None, is_causal=False)`, `[b, n, c]` -> `[b, n, c]`.
+
+    `block_kwargs` are timm's `Block` arguments (`mlp_ratio`, `qkv_bias`, `proj_drop`, `init_values`,
+    `norm_layer`, ...); `drop_path_rate` rises linearly over depth as in timm. Children are named `0`, `1`, ...
+    like a timm ViT's `blocks`, so its `blocks.*` weights load (prefix stripped).
+    """
+    if not isinstance(reversible, bool):
+        raise ValueError(f"reversible={reversible!r} must be True or False")
+    cls = block_class(
+        block, attention=attention, attention_options=attention_options, block_options=block_options,
+        ff_chunks=ff_chunks,
+    )
+    attn_layer = attention_class(attention, **(attention_options or {}))
+    rates = calculate_drop_path_rates(drop_path_rate, depth)
+    blocks = [
+        cls(dim=dim, num_heads=num_heads, attn_layer=attn_layer, drop_path=rates[i], depth=i, **block_kwargs)
+        for i in range(depth)
+    ]
+    return ReversibleSequence(*blocks) if reversible else BlockSequence(*blocks)
