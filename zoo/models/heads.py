@@ -1,0 +1,196 @@
+"""Task heads and losses of the 1-D models; every pooling and loss ignores padded positions.
+
+- Pooling `[b, n, d] -> [b, d]`: the class token, the mean of kept tokens, or attention pooling (a learned
+  query scores each token through a small MLP, softmax over kept tokens; Yang et al. 2016,
+  https://aclanthology.org/N16-1174).
+- Forecasting: PatchTST's flatten head (https://arxiv.org/abs/2211.14730), all patch tokens of a channel
+  flattened and mapped linearly to the horizon.
+- Per-token classification, and causal language modelling (next token, tied or untied output embedding).
+
+Letter legend: b - batch, c - channels, n - tokens, d - model dim, k - classes, t - horizon, v - vocabulary,
+u - steps per token (k-mer stride).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+__all__ = [
+    "POOLS",
+    "AttentionPool",
+    "ClassificationHead",
+    "ForecastHead",
+    "LanguageModelHead",
+    "TokenClassificationHead",
+    "causal_lm_loss",
+    "classification_loss",
+    "forecast_loss",
+    "masked_mean",
+    "token_classification_loss",
+]
+
+POOLS = ("cls", "mean", "attention")
+IGNORE_INDEX = -100
+
+
+def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean over kept tokens: `x: [b, n, d]`, mask `[b, n]` -> `[b, d]` (zero for a sample with none kept)."""
+    if mask is None:
+        return x.mean(1)
+    keep = mask[..., None].to(x.dtype)
+    # masked_fill, not a product: a NaN or inf at a padded position must not reach the sum.
+    total = x.masked_fill(~mask[..., None], 0.0).sum(1)
+    return total / keep.sum(1).clamp_min(1.0)
+
+
+class AttentionPool(nn.Module):
+    """`score_i = u . tanh(W x_i + b)`, `a = softmax(score)` over kept tokens, summary `sum_i a_i x_i`."""
+
+    def __init__(self, dim: int, *, hidden: int | None = None) -> None:
+        super().__init__()
+        hidden = hidden or dim
+        self.fc = nn.Linear(dim, hidden)
+        self.query = nn.Parameter(torch.randn(hidden) * hidden**-0.5)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`x: [b, n, d]`, mask `[b, n]` -> `[b, d]`."""
+        scores = torch.tanh(self.fc(x)) @ self.query
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+            # A sample with no kept token would give NaN weights; it gets zero weights instead.
+            scores = scores.masked_fill(~mask.any(1, keepdim=True), 0.0)
+        weights = scores.float().softmax(-1).to(x.dtype)
+        if mask is not None:
+            weights = weights.masked_fill(~mask, 0.0)
+            x = x.masked_fill(~mask[..., None], 0.0)
+        return torch.einsum("bn,bnd->bd", weights, x)
+
+
+class ClassificationHead(nn.Module):
+    """Pooled features `[b, d]` -> logits `[b, k]`."""
+
+    def __init__(self, dim: int, num_classes: int, *, drop: float = 0.0) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.fc(self.drop(pooled))
+
+
+class TokenClassificationHead(nn.Module):
+    """Tokens `[b, n, d]` -> logits per input position `[b, l, k]`.
+
+    A token standing for `steps` input positions (a non-overlapping k-mer) predicts all of them at once,
+    `b n (u k) -> b (n u) k`, trimmed to the input length `l`.
+    """
+
+    def __init__(self, dim: int, num_classes: int, *, steps: int = 1, drop: float = 0.0) -> None:
+        super().__init__()
+        self.num_classes, self.steps = num_classes, steps
+        self.drop = nn.Dropout(drop)
+        self.fc = nn.Linear(dim, num_classes * steps)
+
+    def forward(self, tokens: Tensor, length: int) -> Tensor:
+        logits = rearrange(self.fc(self.drop(tokens)), "b n (u k) -> b (n u) k", u=self.steps)
+        return logits[:, :length]
+
+
+class ForecastHead(nn.Module):
+    """PatchTST flatten head: patch tokens -> forecast `[b, c, t]` in normalised units.
+
+    Channel-independent: `(b c) n d -> (b c) (n d) -> (b c) t`, weights shared by channels. Channel-mixing:
+    `b n d -> b (n d) -> b (c t)`. Padded patches are zeroed before flattening so they never reach the forecast.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_patches: int,
+        horizon: int,
+        *,
+        num_channels: int,
+        channel_independent: bool = True,
+        drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.num_patches, self.horizon, self.num_channels = num_patches, horizon, num_channels
+        self.channel_independent = channel_independent
+        self.drop = nn.Dropout(drop)
+        out = horizon if channel_independent else num_channels * horizon
+        self.fc = nn.Linear(num_patches * dim, out)
+
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens `[(b c), n, d]` or `[b, n, d]`, mask `[(b c), n]` / `[b, n]` -> `[b, c, t]`."""
+        if tokens.shape[1] != self.num_patches:
+            raise ValueError(
+                f"forecast head was built for {self.num_patches} patches, got {tokens.shape[1]}: the series "
+                "length must be the model's seq_len"
+            )
+        if mask is not None:
+            tokens = tokens.masked_fill(~mask[..., None], 0.0)
+        out = self.fc(self.drop(rearrange(tokens, "b n d -> b (n d)")))
+        if self.channel_independent:
+            return rearrange(out, "(b c) t -> b c t", c=self.num_channels)
+        return rearrange(out, "b (c t) -> b c t", c=self.num_channels)
+
+
+class LanguageModelHead(nn.Module):
+    """Tokens `[b, n, d]` -> next-token logits `[b, n, v]`; `tied_weight` (the input embedding's `[v, d]`)
+    shares the output embedding with the input one (Press & Wolf 2017, https://arxiv.org/abs/1608.05859)."""
+
+    def __init__(self, dim: int, vocab_size: int, *, tied_weight: nn.Parameter | None = None) -> None:
+        super().__init__()
+        if tied_weight is not None and tied_weight.shape != (vocab_size, dim):
+            raise ValueError(f"tied weight {tuple(tied_weight.shape)} does not fit vocab {vocab_size} x dim {dim}")
+        self.tied = tied_weight is not None
+        self.weight = tied_weight if self.tied else nn.Parameter(torch.randn(vocab_size, dim) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.linear(tokens, self.weight, self.bias)
+
+
+def classification_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy of logits `[b, k]` against labels `[b]`."""
+    return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+
+
+def token_classification_loss(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Mean cross-entropy over kept positions: logits `[b, l, k]`, labels `[b, l]` (-100 also ignored), mask
+    `[b, l]`."""
+    if mask is not None:
+        labels = labels.masked_fill(~mask, IGNORE_INDEX)
+    return F.cross_entropy(rearrange(logits.float(), "b l k -> (b l) k"), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def forecast_loss(
+    forecast: Tensor, target: Tensor, mask: Tensor | None = None, *, kind: Literal["mse", "mae"] = "mse"
+) -> Tensor:
+    """Mean squared (`mse`) or absolute (`mae`) error over observed steps: forecast, target `[b, t, c]`,
+    mask `[b, t]` (True = observed target step)."""
+    if kind not in ("mse", "mae"):
+        raise ValueError(f"forecast loss {kind!r} is not one of 'mse', 'mae'")
+    if forecast.shape != target.shape:
+        raise ValueError(f"forecast {tuple(forecast.shape)} and target {tuple(target.shape)} differ in shape")
+    error = forecast.float() - target.float()
+    error = error.square() if kind == "mse" else error.abs()
+    if mask is None:
+        return error.mean()
+    keep = mask[..., None].expand_as(error)
+    return error.masked_fill(~keep, 0.0).sum() / keep.sum().clamp_min(1)
+
+
+def causal_lm_loss(logits: Tensor, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Next-token cross-entropy: logits `[b, n, v]` at position i predict `tokens[:, i + 1]`; targets at padded
+    positions (mask `[b, n]` False) are ignored."""
+    targets = tokens[:, 1:]
+    if mask is not None:
+        targets = targets.masked_fill(~mask[:, 1:], IGNORE_INDEX)
+    return F.cross_entropy(
+        rearrange(logits[:, :-1].float(), "b n v -> (b n) v"), targets.flatten(), ignore_index=IGNORE_INDEX
+    )

@@ -1,0 +1,484 @@
+"""A 1-D transformer over long sequences (DNA, time series) with any registered attention.
+
+`SequenceTransformer` is a stack of timm `Block`s (pre-norm; `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 /
+mlp.fc1 / mlp.fc2`, then `norm` and `cls_token`, the names of timm's `VisionTransformer`), so an image ViT's
+block weights load into it (`load_vit_weights`). Every block gets the key padding mask and `is_causal`.
+`create_sequence_model(task, input=...)` puts an input embedding (`embeddings.py`), the backbone and a task head
+(`heads.py`) together behind `forward(inputs, mask)` and `loss(outputs, targets, mask)`.
+
+Positions: `learned` (a table of `max_len`, linearly resampled for longer inputs), `sinusoidal`, `rotary`
+(RoFormer, https://arxiv.org/abs/2104.09864: q and k rotated inside every attention, see `with_rotary`), or
+`none`. Rotary is the one that suits causal models: relative, and nothing to resample.
+
+Letter legend: b - batch, c - channels, n - tokens, d - model dim, h - heads.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from einops import rearrange
+from timm.layers import trunc_normal_
+from timm.models._manipulate import named_apply
+from timm.models.vision_transformer import Block, init_weights_vit_timm
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..attention import AttentionBase, attention_class
+from ..attention._common import TIMM_ATTENTION_KEYS
+from .embeddings import (
+    DNA_BASE_IDS,
+    DNA_PAD,
+    DNA_TOKENS,
+    KmerEmbedding,
+    PatchEmbedding,
+    RevIN,
+    TokenEmbedding,
+    apply_rotary,
+    resample_positions,
+    rotary_tables,
+    sinusoidal_positions,
+)
+from .heads import (
+    POOLS,
+    AttentionPool,
+    ClassificationHead,
+    ForecastHead,
+    LanguageModelHead,
+    TokenClassificationHead,
+    causal_lm_loss,
+    classification_loss,
+    masked_mean,
+    token_classification_loss,
+)
+from .heads import (
+    forecast_loss as forecast_error,
+)
+
+__all__ = [
+    "INPUTS",
+    "POSITIONS",
+    "TASKS",
+    "SequenceModel",
+    "SequenceTransformer",
+    "create_sequence_model",
+    "load_vit_weights",
+    "with_rotary",
+]
+
+TASKS = ("classification", "forecast", "token_classification", "causal_lm")
+INPUTS = ("dna", "kmer", "series")
+POSITIONS = ("learned", "sinusoidal", "rotary", "none")
+# The inputs each task accepts: forecasting needs a series; next-token prediction and per-position labels need
+# tokens that map back to input positions.
+_TASK_INPUTS = {
+    "classification": ("dna", "kmer", "series"),
+    "forecast": ("series",),
+    "token_classification": ("dna", "kmer"),
+    "causal_lm": ("dna",),
+}
+
+
+def _choice(what: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown {what} {value!r}{hint}; allowed: {', '.join(map(repr, allowed))}")
+
+
+class RotaryMixin:
+    """Rotary positions for any `AttentionBase` subclass: `project_qkv` rotates q and k (RoFormer).
+
+    Every zoo attention computes q, k and v through `project_qkv` and attends on what it returns, so rotating
+    there works for all of them without touching their code; a variant that derives its keys from q (Reformer's
+    shared QK) sees keys rotated the same way. Positions are `rotary_offset + 0 .. n - 1`. When the wrapped
+    attention decodes token by token (`decode_step`, `init_state`: `zoo.attention._kernel.KernelStepMixin`), the
+    state becomes `(position, inner state)` and each step sets the offset to its position.
+    """
+
+    rotary_base: float = 10000.0
+    rotary_offset: int = 0
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().project_qkv(x)
+        positions = torch.arange(self.rotary_offset, self.rotary_offset + q.shape[-2], device=q.device)
+        cos, sin = rotary_tables(positions, q.shape[-1], base=self.rotary_base)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+
+def _rotary_init_state(self, batch: int):
+    return 0, super(RotaryMixin, self).init_state(batch)
+
+
+def _rotary_decode_step(self, x: Tensor, state=None, *, keep: Tensor | None = None):
+    """The wrapped attention's `decode_step` at the state's position: state `(position, inner state)`."""
+    position, inner = (0, None) if state is None else state
+    self.rotary_offset = position
+    try:
+        out, inner = super(RotaryMixin, self).decode_step(x, inner, keep=keep)
+    finally:
+        self.rotary_offset = 0
+    return out, (position + 1, inner)
+
+
+def with_rotary(cls: type[nn.Module], base: float = 10000.0) -> type[nn.Module]:
+    """Subclass of attention class `cls` (an `AttentionBase`) that applies rotary positions to q and k."""
+    if not (isinstance(cls, type) and issubclass(cls, AttentionBase)):
+        raise TypeError(f"rotary positions need an AttentionBase subclass, got {cls!r}")
+    namespace = {"rotary_base": float(base), "__module__": __name__, "__doc__": cls.__doc__}
+    if callable(getattr(cls, "decode_step", None)):
+        namespace["decode_step"] = _rotary_decode_step
+    if callable(getattr(cls, "init_state", None)):
+        namespace["init_state"] = _rotary_init_state
+    return type(f"Rotary{cls.__name__}", (RotaryMixin, cls), namespace)
+
+
+def _timm_blocks(
+    depth: int, dim: int, num_heads: int, attn_layer: type[nn.Module], *, drop_path_rate: float = 0.0, **block_args
+) -> nn.Sequential:
+    """`depth` timm `Block`s with stochastic depth rising linearly to `drop_path_rate` (as in timm's ViT).
+
+    Stands in for `zoo.models.blocks.build_blocks` (reversible blocks, chunked feed-forward): swapping it in is
+    the one line in `SequenceTransformer.__init__` that builds `self.blocks`.
+    """
+    rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth else []
+    return nn.Sequential(
+        *[Block(dim, num_heads, attn_layer=attn_layer, drop_path=rate, depth=i, **block_args) for i, rate in
+          enumerate(rates)]
+    )
+
+
+class SequenceTransformer(nn.Module):
+    """Pre-norm transformer on embedded tokens `[b, n, d]` with a key padding mask `[b, n]` (True = keep).
+
+    `forward_features` -> `[b, p + n, d]` after the final norm (p = 1 class token when `pool='cls'`, else 0);
+    `forward` -> pooled `[b, d]` when `pool` is set, else the tokens `[b, n, d]`. `causal=True` passes
+    `is_causal` to every attention (then `pool` may not be `cls`: a leading class token would see nothing).
+    """
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        attention: str = "softmax",
+        attention_options: dict[str, Any] | None = None,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        positions: Literal["learned", "sinusoidal", "rotary", "none"] = "learned",
+        max_len: int = 1024,
+        rotary_base: float = 10000.0,
+        pool: Literal["cls", "mean", "attention"] | None = "cls",
+        causal: bool = False,
+        pos_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        _choice("positions", positions, POSITIONS)
+        if pool is not None:
+            _choice("pool", pool, POOLS)
+        if causal and pool == "cls":
+            raise ValueError("pool='cls' cannot be causal: the class token comes first and would see no token")
+        attn_layer = attention_class(attention, **(attention_options or {}))
+        if causal and not getattr(attn_layer, "supports_causal", False):
+            raise ValueError(f"attention {attention!r} has no causal mode")
+        if positions == "rotary":
+            attn_layer = with_rotary(attn_layer, rotary_base)
+        self.dim, self.positions, self.pool_type, self.causal = dim, positions, pool, causal
+        self.attention = {"name": attention, "options": dict(attention_options or {})}
+        self.grad_checkpointing = False
+        self.num_prefix_tokens = 1 if pool == "cls" else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if pool == "cls" else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, max_len, dim)) if positions == "learned" else None
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.blocks = _timm_blocks(
+            depth, dim, num_heads, attn_layer, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
+            attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, drop_path_rate=drop_path_rate,
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.attn_pool = AttentionPool(dim) if pool == "attention" else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # timm's ViT initialisation, so a backbone trained from scratch starts like one.
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        named_apply(init_weights_vit_timm, self.blocks)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token"}
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    def add_positions(self, x: Tensor, offset: int = 0) -> Tensor:
+        """`x: [b, n, d]` at positions `offset ..` -> `[b, n, d]` with absolute positions added (none for rotary).
+
+        Learned positions past the table are resampled to `offset + n`, so a prefix then depends on the total
+        length: decoding token by token equals the full forward only within `max_len`.
+        """
+        n = x.shape[1]
+        if self.pos_embed is not None:
+            return x + resample_positions(self.pos_embed, offset + n)[:, offset:].to(x.dtype)
+        if self.positions == "sinusoidal":
+            return x + sinusoidal_positions(n, self.dim, offset=offset, device=x.device).to(x.dtype)
+        return x
+
+    def forward_features(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`x: [b, n, d]`, mask `[b, n]` bool (True = keep) -> `[b, p + n, d]`."""
+        if mask is not None and mask.shape != x.shape[:2]:
+            raise ValueError(f"mask {list(mask.shape)} does not fit tokens {list(x.shape[:2])}")
+        x = self.add_positions(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+            mask = None if mask is None else torch.cat([mask.new_ones(x.shape[0], 1), mask], dim=1)
+        # Without padding, no mask: the fused kernels (flash attention) only run without one.
+        if mask is not None and bool(mask.all()):
+            mask = None
+        x = self.pos_drop(x)
+        for block in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, mask, self.causal, use_reentrant=False)
+            else:
+                x = block(x, attn_mask=mask, is_causal=self.causal)
+        return self.norm(x)
+
+    def pool(self, features: Tensor, mask: Tensor | None = None) -> Tensor:
+        """features `[b, p + n, d]`, mask `[b, n]` -> `[b, d]`; padded tokens never enter."""
+        if self.pool_type == "cls":
+            return features[:, 0]
+        tokens = features[:, self.num_prefix_tokens:]
+        if self.pool_type == "mean":
+            return masked_mean(tokens, mask)
+        return self.attn_pool(tokens, mask)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`x: [b, n, d]`, mask `[b, n]` -> `[b, d]` when pooling, else `[b, n, d]`."""
+        features = self.forward_features(x, mask)
+        if self.pool_type is None:
+            return features[:, self.num_prefix_tokens:]
+        return self.pool(features, mask)
+
+
+def _is_attention_extra(key: str) -> bool:
+    """A parameter of a zoo variant that timm's `Attention` does not have (kept at its initialisation)."""
+    return ".attn." in key and not key.split(".attn.", 1)[1].startswith(TIMM_ATTENTION_KEYS)
+
+
+def load_vit_weights(backbone: SequenceTransformer, state: dict[str, Tensor]) -> list[str]:
+    """Copy an image ViT's `blocks.*`, `norm.*` (and `cls_token` when both have one) into `backbone`.
+
+    Strict for the blocks: every block key must be filled with the same shape, except a variant's own attention
+    parameters, whose names are returned. Image-only keys (`patch_embed`, `pos_embed`, `head`) are skipped.
+    """
+    own = backbone.state_dict()
+    wanted = [k for k in own if k.startswith(("blocks.", "norm."))]
+    taken = {k: v for k, v in state.items() if k.startswith(("blocks.", "norm.")) or (k == "cls_token" and k in own)}
+    unexpected = [k for k in taken if k not in own]
+    missing = [k for k in wanted if k not in taken and not _is_attention_extra(k)]
+    if k := next((k for k in taken if k in own and taken[k].shape != own[k].shape), None):
+        raise ValueError(f"ViT weight {k} has shape {tuple(taken[k].shape)}, the backbone {tuple(own[k].shape)}")
+    if unexpected or missing:
+        raise ValueError(f"ViT weights do not fit the backbone: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    backbone.load_state_dict(taken, strict=False)
+    return [k for k in wanted if k not in taken]
+
+
+class SequenceModel(nn.Module):
+    """Input embedding -> `SequenceTransformer` -> task head, with the task's loss.
+
+    `forward(inputs, mask)`: inputs are token ids `[b, l]` (dna, kmer: nucleotide ids) or a series `[b, l, c]`
+    (time last but one, as `zoo.data` batches `values` and as PatchTST); mask `[b, l]` bool, True = keep (None =
+    nothing padded). Outputs: classification `[b, k]` logits; forecast `[b, t, c_out]` in the input's units
+    (`target_channels` of the input, all by default); token_classification `[b, l, k]`; causal_lm `[b, l, v]`.
+    `loss(outputs, targets, mask)`: labels `[b]`; target series `[b, t, c_out]` (mask `[b, t]`: observed steps,
+    None = all); labels `[b, l]` (mask: the input mask); the input tokens `[b, l]` (mask: the input mask).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        input: str,
+        embed: nn.Module,
+        backbone: SequenceTransformer,
+        head: nn.Module,
+        *,
+        revin: RevIN | None = None,
+        channel_independent: bool = True,
+        forecast_loss: Literal["mse", "mae"] = "mse",
+        target_channels: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.task, self.input = task, input
+        self.embed, self.backbone, self.head, self.revin = embed, backbone, head, revin
+        self.channel_independent = channel_independent
+        self.forecast_loss = forecast_loss
+        self.target_channels = None if target_channels is None else list(target_channels)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {f"backbone.{name}" for name in self.backbone.no_weight_decay()}
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.backbone.set_grad_checkpointing(enable)
+
+    def forward(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.input == "series":
+            return self._forward_series(rearrange(inputs, "b l c -> b c l"), mask)
+        tokens, token_mask = self.embed(inputs, mask)
+        features = self.backbone(tokens, token_mask)
+        if self.task == "token_classification":
+            return self.head(features, inputs.shape[-1])
+        return self.head(features)
+
+    def _forward_series(self, series: Tensor, mask: Tensor | None) -> Tensor:
+        """`series: [b, c, l]`, mask `[b, l]` -> logits `[b, k]` or forecast `[b, t, c_out]`."""
+        stats = None
+        if self.revin is not None:
+            series, stats = self.revin.normalize(series, mask)
+        tokens, token_mask = self.embed(series, mask)
+        features = self.backbone(tokens, token_mask)
+        if self.task == "classification":
+            if self.channel_independent:
+                features = rearrange(features, "(b c) d -> b (c d)", b=series.shape[0])
+            return self.head(features)
+        forecast = self.head(features, token_mask)
+        if stats is not None:
+            forecast = self.revin.denormalize(forecast, stats)
+        if self.target_channels is not None:
+            forecast = forecast[:, self.target_channels]
+        return rearrange(forecast, "b c t -> b t c")
+
+    def loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.task == "classification":
+            return classification_loss(outputs, targets)
+        if self.task == "forecast":
+            return forecast_error(outputs, targets, mask, kind=self.forecast_loss)
+        if self.task == "token_classification":
+            return token_classification_loss(outputs, targets, mask)
+        return causal_lm_loss(outputs, targets, mask)
+
+
+def _embedding(
+    input: str, dim: int, *, vocab_size: int, pad_id: int, base_ids: tuple, kmer: int, kmer_stride: int | None,
+    num_channels: int, patch_len: int, patch_stride: int, channel_independent: bool,
+) -> nn.Module:
+    if input == "dna":
+        return TokenEmbedding(dim, vocab_size=vocab_size, pad_id=pad_id)
+    if input == "kmer":
+        return KmerEmbedding(dim, k=kmer, stride=kmer_stride, pad_id=pad_id, base_ids=base_ids)
+    return PatchEmbedding(
+        dim, num_channels=num_channels, patch_len=patch_len, stride=patch_stride,
+        channel_independent=channel_independent,
+    )
+
+
+def _num_tokens(input: str, embed: nn.Module, seq_len: int | None) -> int | None:
+    if seq_len is None:
+        return None
+    if input == "dna":
+        return seq_len
+    return embed.num_tokens(seq_len) if input == "kmer" else embed.num_patches(seq_len)
+
+
+def create_sequence_model(
+    task: Literal["classification", "forecast", "token_classification", "causal_lm"],
+    *,
+    input: Literal["dna", "kmer", "series"] = "dna",
+    attention: str = "softmax",
+    attention_options: dict[str, Any] | None = None,
+    depth: int = 4,
+    dim: int = 128,
+    num_heads: int = 4,
+    mlp_ratio: float = 4.0,
+    positions: Literal["learned", "sinusoidal", "rotary", "none"] | None = None,
+    pool: Literal["cls", "mean", "attention"] = "cls",
+    num_classes: int | None = None,
+    seq_len: int | None = None,
+    max_len: int | None = None,
+    vocab_size: int = len(DNA_TOKENS),
+    pad_id: int = DNA_PAD,
+    base_ids: tuple[int, int, int, int] = DNA_BASE_IDS,
+    kmer: int = 3,
+    kmer_stride: int | None = None,
+    num_channels: int = 1,
+    patch_len: int = 16,
+    patch_stride: int = 8,
+    channel_independent: bool = True,
+    revin: bool = True,
+    horizon: int | None = None,
+    forecast_loss: Literal["mse", "mae"] = "mse",
+    target_channels: Sequence[int] | None = None,
+    tie_embeddings: bool = True,
+    drop_rate: float = 0.0,
+    attn_drop_rate: float = 0.0,
+    proj_drop_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    grad_checkpointing: bool = False,
+) -> SequenceModel:
+    """A `SequenceModel` for `task` on `input`.
+
+    Tasks and inputs: classification (dna, kmer, series; needs `num_classes`); forecast (series; needs `seq_len`,
+    the input length, and `horizon`; `target_channels` picks the channels forecast); token_classification (dna,
+    kmer with stride k; needs `num_classes`); causal_lm (dna; next nucleotide, `tie_embeddings` shares the output
+    embedding with the input one).
+    `positions` defaults to rotary for causal_lm and learned otherwise; the learned table has `max_len` entries
+    (default: the token count of `seq_len`, else 1024). Series are `[b, l, c]`, normalised with RevIN when
+    `revin` (forecasts are returned in the input's units), patched with `patch_len` / `patch_stride`.
+    """
+    _choice("task", task, TASKS)
+    _choice("input", input, INPUTS)
+    _choice("forecast_loss", forecast_loss, ("mse", "mae"))
+    if input not in _TASK_INPUTS[task]:
+        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(_TASK_INPUTS[task])}")
+    if task in ("classification", "token_classification") and not num_classes:
+        raise ValueError(f"task {task!r} needs num_classes (got {num_classes!r})")
+    if task == "forecast" and not (seq_len and horizon):
+        raise ValueError(f"forecasting needs seq_len and horizon (got seq_len={seq_len!r}, horizon={horizon!r})")
+    if task == "token_classification" and input == "kmer" and kmer_stride not in (None, kmer):
+        raise ValueError(
+            f"per-position labels on k-mers need non-overlapping k-mers: kmer_stride={kmer_stride} != k={kmer}"
+        )
+    if target_channels is not None and not all(0 <= c < num_channels for c in target_channels):
+        raise ValueError(f"target_channels {list(target_channels)} must be channel indices below {num_channels}")
+    causal = task == "causal_lm"
+    positions = positions or ("rotary" if causal else "learned")
+    embed = _embedding(
+        input, dim, vocab_size=vocab_size, pad_id=pad_id, base_ids=base_ids, kmer=kmer, kmer_stride=kmer_stride,
+        num_channels=num_channels, patch_len=patch_len, patch_stride=patch_stride,
+        channel_independent=channel_independent,
+    )
+    tokens = _num_tokens(input, embed, seq_len)
+    backbone = SequenceTransformer(
+        dim=dim, depth=depth, num_heads=num_heads, attention=attention, attention_options=attention_options,
+        mlp_ratio=mlp_ratio, positions=positions, max_len=max_len or tokens or 1024,
+        pool=pool if task == "classification" else None, causal=causal, pos_drop_rate=drop_rate,
+        attn_drop_rate=attn_drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
+    )
+    backbone.set_grad_checkpointing(grad_checkpointing)
+    if task == "classification":
+        width = dim * num_channels if input == "series" and channel_independent else dim
+        head = ClassificationHead(width, num_classes, drop=drop_rate)
+    elif task == "forecast":
+        head = ForecastHead(dim, tokens, horizon, num_channels=num_channels,
+                            channel_independent=channel_independent, drop=drop_rate)
+    elif task == "token_classification":
+        head = TokenClassificationHead(dim, num_classes, steps=kmer if input == "kmer" else 1, drop=drop_rate)
+    else:
+        head = LanguageModelHead(dim, vocab_size, tied_weight=embed.weight if tie_embeddings else None)
+    return SequenceModel(
+        task, input, embed, backbone, head,
+        revin=RevIN(num_channels) if input == "series" and revin else None,
+        channel_independent=channel_independent, forecast_loss=forecast_loss, target_channels=target_channels,
+    )
