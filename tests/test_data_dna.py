@@ -2,7 +2,6 @@
 data sets from Debian packages (genomes, yeast coding, splice), loaded with every socket call blocked."""
 
 import gzip
-import sys
 
 import numpy as np
 import pytest
@@ -28,24 +27,8 @@ from zoo.data.dna import (
 )
 from zoo.data.sequence import IGNORE_INDEX, PadCollate, pad_sequences, window_starts
 
-_BLOCK_NETWORK = False
-
-
-def _audit(event: str, args) -> None:
-    if _BLOCK_NETWORK and event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname"):
-        raise RuntimeError(f"network access during data loading: {event}{args}")
-
-
-sys.addaudithook(_audit)
-
-
-@pytest.fixture(autouse=True)
-def no_network():
-    """Every test here runs with socket connects and name lookups raising (audit hooks cannot be removed)."""
-    global _BLOCK_NETWORK
-    _BLOCK_NETWORK = True
-    yield
-    _BLOCK_NETWORK = False
+# Every test here runs with socket connects and name lookups raising.
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 def needs(package: str):

@@ -1,7 +1,6 @@
 """Time series data: the .ts parser (checked against sktime's), users' .ts / CSV files, the bundled UCR/UEA
 sets, and the elecdemand forecasting protocol with its baselines, loaded with every socket call blocked."""
 
-import sys
 
 import numpy as np
 import pytest
@@ -20,24 +19,8 @@ from zoo.data.timeseries import (
     seasonal_naive_scores,
 )
 
-_BLOCK_NETWORK = False
-
-
-def _audit(event: str, args) -> None:
-    if _BLOCK_NETWORK and event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname"):
-        raise RuntimeError(f"network access during data loading: {event}{args}")
-
-
-sys.addaudithook(_audit)
-
-
-@pytest.fixture(autouse=True)
-def no_network():
-    """Every test here runs with socket connects and name lookups raising (audit hooks cannot be removed)."""
-    global _BLOCK_NETWORK
-    _BLOCK_NETWORK = True
-    yield
-    _BLOCK_NETWORK = False
+# Every test here runs with socket connects and name lookups raising.
+pytestmark = pytest.mark.usefixtures("no_network")
 
 
 TS_FILE = """# a comment

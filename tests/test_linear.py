@@ -7,6 +7,8 @@ import zoo
 import zoo.attention.linear  # noqa: F401  (registers "linear" even before the package imports it)
 from zoo.attention.linear import linear_attention
 
+from kernel_reference import grads, naive_kernel_attention
+
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
 # Recurrent variants and options that exercise their feature maps (Performer: fixed features, eval mode).
@@ -33,19 +35,10 @@ def gaussians(*shape, seed: int = 0) -> torch.Tensor:
 
 def naive_linear_attention(q, k, v, mask=None, is_causal=False):
     """Quadratic reference: weights phi(q) phi(k)^T, phi = elu + 1, masked, normalised over the keys."""
-    weights = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-2, -1)
-    if mask is not None:
-        weights = weights * mask[:, None, None, :]
-    if is_causal:
-        n = q.shape[-2]
-        weights = weights.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), 0.0)
-    return (weights @ v) / weights.sum(-1, keepdim=True)
-
-
-def grads(out, tensors):
-    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    return torch.autograd.grad((out * weight).sum(), tensors)
+    log_scale = None
+    if mask is not None:  # [b, m] -> a per-key log scale [b, 1, m]: 0 kept, -inf padded
+        log_scale = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -torch.inf)[:, None]
+    return naive_kernel_attention(F.elu(q) + 1, F.elu(k) + 1, v, log_scale, is_causal)
 
 
 @pytest.mark.parametrize("is_causal,chunk_size", [(False, 128), (True, 1), (True, 5), (True, 16), (True, 128)])

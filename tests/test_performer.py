@@ -23,6 +23,8 @@ from zoo.attention._kernel import kernel_attention, kernel_attention_step
 from zoo.attention.performer import favor_attention
 from zoo.attention.softmax import softmax_attention
 
+from kernel_reference import grads, naive_kernel_attention
+
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 BUFFERS = {"seed", "step", "random_features"}
 
@@ -39,23 +41,6 @@ def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1, dim: int = D
 
 def gaussians(*shape, seed: int = 0, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale).requires_grad_()
-
-
-def naive_kernel_attention(phi_q, phi_k, v, key_log_scale=None, is_causal=False):
-    """Quadratic reference: weights phi_q . phi_k * exp(key_log_scale), masked, normalised over the keys."""
-    weights = phi_q @ phi_k.transpose(-2, -1)
-    if key_log_scale is not None:
-        weights = weights * key_log_scale.exp()[..., None, :]
-    if is_causal:
-        n = phi_q.shape[-2]
-        weights = weights.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), 0.0)
-    return (weights @ v) / weights.sum(-1, keepdim=True)
-
-
-def grads(out, tensors):
-    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    return torch.autograd.grad((out * weight).sum(), tensors)
 
 
 def assert_same(actual, expected, **tolerances):

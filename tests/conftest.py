@@ -1,0 +1,24 @@
+"""Fixtures shared by the test files."""
+import sys
+
+import pytest
+
+_network_blocked = False
+
+
+def _refuse_network(event: str, args) -> None:
+    if _network_blocked and event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname"):
+        raise RuntimeError(f"network access during a no-network test: {event}{args}")
+
+
+# Audit hooks cannot be removed, so one hook is installed for the session and the fixture switches it on.
+sys.addaudithook(_refuse_network)
+
+
+@pytest.fixture
+def no_network():
+    """Socket connects and name lookups raise while the test runs (use with `pytest.mark.usefixtures`)."""
+    global _network_blocked
+    _network_blocked = True
+    yield
+    _network_blocked = False
