@@ -125,3 +125,20 @@ def test_max_seq_len_follows_the_length():
         pytest.skip("no registered variant has a max_seq_len option")
     assert benchmark.length_options(names[0], 8192, {})["max_seq_len"] == 8192
     assert benchmark.length_options(names[0], 8192, {"max_seq_len": 4096})["max_seq_len"] == 4096
+
+
+def test_merge_keeps_earlier_records_and_replaces_the_remeasured(tmp_path):
+    run = lambda variants, lengths, **kw: benchmark.run_sweep(  # noqa: E731
+        variants, lengths, tmp_path, SETTINGS, max_seconds=60, isolate=False, **kw
+    )
+    first = run(["softmax"], [64, 128])
+    merged = run(["linear"], [128], merge=True)
+    pairs = [(r["variant"], r["length"]) for r in merged["records"]]
+    assert sorted(pairs) == sorted([("softmax", 64), ("softmax", 128), ("projections", 64), ("projections", 128),
+                                    ("linear", 128)])
+    kept = next(r for r in merged["records"] if (r["variant"], r["length"]) == ("softmax", 64))
+    assert kept["fwd_s"] == next(r for r in first["records"] if (r["variant"], r["length"]) == ("softmax", 64))["fwd_s"]
+    assert "Merged with" in (tmp_path / "results.md").read_text()
+    with pytest.raises(ValueError, match="cannot merge"):
+        benchmark.run_sweep(["linear"], [64], tmp_path, benchmark.Settings(dim=32, heads=2, repeats=1, warmup=1),
+                            isolate=False, merge=True)

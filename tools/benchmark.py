@@ -59,6 +59,8 @@ def parse_args() -> argparse.Namespace:
                              + ", ".join(PEER_PREFIX + name for name in PEERS))
     parser.add_argument("--causal", action="store_true", help="causal attention (variants without it: error)")
     parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the earlier results in --out (same settings) except those measured again")
     return parser.parse_args()
 
 
@@ -75,7 +77,7 @@ def main() -> None:
     out = Path(args.out) if args.out else Path("benchmarks") / device_slug(device)
     command = shlex.join(["tools/benchmark.py", *sys.argv[1:]])
     run_sweep(variants, args.lengths, out, settings, options=options, max_seconds=args.max_seconds,
-              timeout=args.timeout, command=command, log=print)
+              timeout=args.timeout, command=command, merge=args.merge, log=print)
     print(f"wrote {out}/results.json, results.md, time.png and memory.png")
 
 

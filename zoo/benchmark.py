@@ -534,9 +534,13 @@ def run_sweep(
     timeout: Optional[float] = None,
     command: Optional[str] = None,
     isolate: bool = True,
+    merge: bool = False,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Time every variant, and `projections`, at every length; writes the report to `out_dir` and returns it.
+
+    With `merge`, the records of an earlier sweep in `out_dir` (same settings) are kept, except those this sweep
+    measures again, so a few variants can be re-measured without repeating the whole sweep.
 
     Lengths run in increasing order. After a configuration that runs out of memory, times out (`timeout`, default
     10 x `max_seconds`), crashes, or takes longer than `max_seconds`, the longer ones of that variant are recorded
@@ -559,7 +563,8 @@ def run_sweep(
         settings, names, command=command or " ".join(sys.argv), lengths=lengths, options=options,
         max_seconds=max_seconds, timeout=timeout, isolated=isolate, notes=notes,
     )
-    results: dict[str, Any] = {"metadata": meta, "records": [], "summary": {}}
+    earlier = _earlier_records(out_dir, meta, {(name, length) for name in names for length in lengths}) if merge else []
+    results: dict[str, Any] = {"metadata": meta, "records": earlier, "summary": {}}
     for note in notes:
         log(note)
     for name in names:
@@ -578,12 +583,30 @@ def run_sweep(
                 config = single_config(name, length, settings, options.get(name), budget_s=max_seconds)
                 record = run_config(config, timeout, isolate)
                 stop = stop_reason(record, max_seconds)
+            record["date"] = meta["date"]
             results["records"].append(record)
             log(_describe(record))
             (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     results["summary"] = summarize(results["records"])
     write_report(results, out_dir)
     return results
+
+
+def _earlier_records(out_dir: Path, meta: dict[str, Any], remeasured: set[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The records of the sweep saved in `out_dir` that this one does not measure again (for `merge`)."""
+    path = out_dir / "results.json"
+    if not path.is_file():
+        return []
+    earlier = json.loads(path.read_text())
+    if earlier["metadata"]["settings"] != meta["settings"]:
+        raise ValueError(
+            f"cannot merge into {path}: its settings {earlier['metadata']['settings']} differ from {meta['settings']}"
+        )
+    date = earlier["metadata"]["date"]
+    kept = [r for r in earlier["records"] if (r["variant"], r["length"]) not in remeasured]
+    meta["merged_from"] = [*earlier["metadata"].get("merged_from", []), earlier["metadata"]["command"]]
+    meta["lengths"] = sorted({*meta["lengths"], *earlier["metadata"]["lengths"]})
+    return [{"date": date, **record} for record in kept]
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -716,6 +739,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             f"{settings['warmup']} warm-up; each configuration in "
             f"{'a fresh process' if meta['isolated'] else 'the sweep process'}. Command: `{meta['command']}`"
         ),
+        *[f"Merged with the earlier records of `{command}`." for command in meta.get("merged_from", [])],
         "",
         "## Forward + backward time (s)",
         "",
