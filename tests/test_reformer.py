@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import zoo
-from zoo.attention.reformer import SELF_LOGIT, lsh_attention, lsh_bucket_count, lsh_buckets
+from zoo.attention.reformer import GROUP, SELF_LOGIT, _signed_argmax, lsh_attention, lsh_bucket_count, lsh_buckets
 
 DIM, HEADS, D = 32, 2, 16
 
@@ -73,6 +73,16 @@ def test_hash_is_argmax_over_rotations_and_their_negatives(half):
     keep = torch.rand(2, 300, generator=generator) > 0.3
     masked = lsh_buckets(q, rot, keep)
     assert (masked[~keep[:, None, None].expand_as(masked)] == 2 * half).all()
+
+
+def test_a_repeated_column_that_wins_by_rounding_maps_to_its_original():
+    # Padding columns repeat columns j % half; the matmul may compute a repeat one ulp above its original.
+    half = 3
+    x = torch.tensor([0.1, 0.5, -0.2, 0.1, 0.5, -0.2, 0.1, 0.5])
+    x[4] = torch.nextafter(x[1], torch.tensor(1.0))
+    assert _signed_argmax(x.view(1, GROUP), half).item() == 1
+    x = -x
+    assert _signed_argmax(x.view(1, GROUP), half).item() == 1 + half
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

@@ -59,14 +59,16 @@ def lsh_bucket_count(length: int, bucket_size: int) -> int:
 
 
 def _signed_argmax(x: Tensor, half: int) -> Tensor:
-    """`argmax([x; -x])` over the columns of `x: [..., groups, GROUP]` (first occurrence wins; + half for -x) ->
-    `[...]`, in two levels: max / min per group (fast value reductions), the winning group, the column inside it."""
+    """`argmax([x; -x])` over the columns of `x: [..., groups, GROUP]` whose column j repeats column j % half (+ half
+    for -x) -> `[...]`, in two levels: max / min per group (fast value reductions), the winning group, the column
+    inside it. A repeat computed by the matmul may differ from its original in the last bit and win, so the winner
+    is folded back to its original column."""
     high, low = x.amax(-1), x.amin(-1)
     group = torch.maximum(high, low.neg()).argmax(-1, keepdim=True)
     positive = high.gather(-1, group) >= -low.gather(-1, group)
     inside = x.gather(-2, group[..., None].expand(*group.shape, x.shape[-1])).squeeze(-2)
     column = torch.where(positive, inside.argmax(-1, keepdim=True), inside.argmin(-1, keepdim=True))
-    return (group * x.shape[-1] + column + half * ~positive).squeeze(-1)
+    return ((group * x.shape[-1] + column) % half + half * ~positive).squeeze(-1)
 
 
 def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) -> Tensor:
@@ -81,8 +83,8 @@ def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) ->
     buckets = qk.new_zeros((b, h, n, rounds), dtype=torch.long)
     with torch.no_grad():
         if half:
-            # [h, d, r, u'] with u' a multiple of GROUP: extra columns repeat the first ones, and a repeat never
-            # wins the argmax (the first occurrence does), so buckets stay in [0, 2u).
+            # [h, d, r, u'] with u' a multiple of GROUP: extra columns repeat the first ones (folded back by
+            # _signed_argmax), so buckets stay in [0, 2u).
             columns = torch.arange(half + -half % GROUP, device=rotations.device) % half
             weight = rotations[..., columns].to(qk.dtype).permute(0, 2, 1, 3).flatten(2)
             step = max(1, BLOCK_SCORES // (b * h * weight.shape[-1]))
