@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
-import zoo.attention.linear  # noqa: F401  (registers "linear" even before the package imports it)
+import zoo.attention.linear as linear_module  # registers "linear" even before the package imports it
 from zoo.attention.linear import linear_attention
 
 from kernel_reference import grads, naive_kernel_attention
@@ -152,3 +152,36 @@ def test_bf16_long_sequence_is_finite(causal):
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     for name, param in attention.named_parameters():
         assert torch.isfinite(param.grad).all(), name
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("value_dim", [8, 5])
+def test_fused_blocks_equal_the_feature_path(masked, value_dim, monkeypatch):
+    # Blocks of 8 rows: several blocks and a ragged last one; a value dim other than the feature dim.
+    monkeypatch.setattr(linear_module, "_BLOCK_BYTES", 8 * 2 * 3 * 9 * 8)
+    q, k = gaussians(2, 3, LENGTH, 8, seed=1) * 2, gaussians(2, 3, LENGTH, 8, seed=2) * 2
+    v = gaussians(2, 3, LENGTH, value_dim, seed=3)
+    mask = None
+    if masked:
+        mask = torch.ones(2, LENGTH, dtype=torch.bool)
+        mask[0, 30:] = False
+        mask[1, 3:] = False
+    fused = linear_attention(q, k, v, mask)
+    reference = linear_attention(q, k, v, mask, fused=False)
+    torch.testing.assert_close(fused, reference)
+    for actual, expected in zip(grads(fused, (q, k, v)), grads(reference, (q, k, v))):
+        torch.testing.assert_close(actual, expected)
+
+
+def test_fused_module_gradients_equal_the_unfused_module():
+    attention = make(qkv_bias=True).double().train()
+    x = inputs().double().requires_grad_()
+    keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
+    keep[1, 25:] = False
+    out = attention(x, attn_mask=keep)
+    got = grads(out, (x, *attention.parameters()))
+    attention.attend = lambda q, k, v, mask, is_causal: linear_attention(q, k, v, mask, fused=False)
+    expected = attention(x, attn_mask=keep)
+    torch.testing.assert_close(out, expected)
+    for actual, reference in zip(got, grads(expected, (x, *attention.parameters()))):
+        torch.testing.assert_close(actual, reference)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention._blocks import _GatherBlocks, _LookAround
+from zoo.attention import _blocks
+from zoo.attention._blocks import Part, _GatherBlocks, _LookAround, parts_attention
 from zoo.attention.bigbird import bigbird_attention, bigbird_layout, draw_random_blocks, global_blocks
 from zoo.attention.dilated import dilated_attention
 from zoo.attention.local import local_attention
@@ -178,6 +179,105 @@ def test_block_gathers_gradients():
         assert torch.autograd.gradcheck(_LookAround.apply, (blocks, before, after, extra))
     index = torch.tensor([[[0, 2], [1, 1]], [[2, 0], [0, 0]], [[1, 2], [2, 1]]])  # [k, h, s], repeats included
     assert torch.autograd.gradcheck(_GatherBlocks.apply, (blocks, index))
+
+
+# The CPU flash-parts path (no padding mask, no dropout): by default it takes blocks of 64 or more; the fixture
+# lets it take the small blocks above, so that the naive references cover every part it cuts.
+@pytest.fixture
+def flash_everywhere(monkeypatch):
+    monkeypatch.setattr(_blocks, "FLASH_MIN_BLOCK", 1)
+
+
+def assert_flash_matches_reference(fast, n, allowed):
+    q, k, v = qkv(n)
+    calls = []
+    original = _blocks._FlashParts.apply
+    _blocks._FlashParts.apply = lambda *args: calls.append(1) or original(*args)
+    try:
+        assert_matches_reference(fast, q, k, v, allowed, torch.ones(BATCH, n, dtype=torch.bool))
+    finally:
+        _blocks._FlashParts.apply = original
+    assert calls, "the flash-parts path was not taken"
+
+
+@pytest.mark.parametrize("n", [37, 131])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [1, 8, 20, 36, 130, 500])
+def test_local_flash_parts_match_naive_reference(flash_everywhere, n, causal, window):
+    fast = lambda q, k, v: local_attention(q, k, v, None, causal, window=window)
+    assert_flash_matches_reference(fast, n, band(n, window, causal))
+
+
+@pytest.mark.parametrize("n", [37, 131])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window,dilation", [(12, 3), (9, 2), (70, 4), (20, 5)])
+def test_dilated_flash_parts_match_naive_reference(flash_everywhere, n, causal, window, dilation):
+    allowed = band(n, window, causal) & (offsets(n) % dilation == 0)
+    fast = lambda q, k, v: dilated_attention(q, k, v, None, causal, window=window, dilation=dilation)
+    assert_flash_matches_reference(fast, n, allowed)
+
+
+@pytest.mark.parametrize("n", [37, 131])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window,global_indices", [(6, ()), (6, (0,)), (6, (0, 20, 36)), (20, (5, 36))])
+def test_longformer_flash_parts_match_naive_reference(flash_everywhere, n, causal, window, global_indices):
+    allowed = allowed_longformer(n, window, global_indices, causal)
+    fast = lambda q, k, v: longformer_attention(q, k, v, None, causal, window=window, global_indices=global_indices)
+    assert_flash_matches_reference(fast, n, allowed)
+
+
+@pytest.mark.parametrize("n", [37, 128, 131])
+@pytest.mark.parametrize("block_size,num_random", [(8, 3), (5, 1), (16, 0), (40, 0), (32, 1)])
+def test_bigbird_flash_parts_match_naive_reference(flash_everywhere, n, block_size, num_random):
+    num_blocks = bigbird_layout(n, block_size).num_blocks
+    random_blocks = draw_random_blocks(num_blocks, HEADS, num_random, torch.Generator().manual_seed(0))
+    if not (random_blocks[:, 1:-1] >= 0).all() or num_blocks < 3:
+        pytest.skip("missing random picks or under 3 blocks: the masked path")
+    allowed = allowed_bigbird(n, block_size, random_blocks)
+    fast = lambda q, k, v: bigbird_attention(q, k, v, random_blocks, None, block_size=block_size)
+    assert_flash_matches_reference(fast, n, allowed)
+
+
+def test_flash_parts_gradients():
+    """Every kind of part, in float64: overlapping and flipped causal groups, a mask, shared extra keys, gathered
+    blocks, dense logits, and a batch of two leading dims."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 2, 24, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    k_extra, v_extra = (torch.randn(2, 1, 2, 3, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    dense = torch.randn(2, 1, 2, 24, 2, generator=generator, dtype=torch.float64, requires_grad=True)
+    mask = _blocks.additive(torch.rand(4, 8, generator=generator) > 0.3, torch.float64)
+    parts = [
+        Part(0, 6, 4, 0, 4, 4, 4, causal=True),
+        Part(4, 4, 4, 0, 8, 4, 4),  # overlapping key groups
+        Part(4, 5, 4, 0, 4, 4, 4, causal=True, flip=True),
+        Part(0, 1, 4, 16, 8, mask=mask),
+        Part(0, 3, 8, 0, 3, 8, 0, source="extra"),
+        Part(8, 2, 4, 0, 8, 4, source="gather", index=torch.tensor([[[0, 5], [3, 1]], [[5, 5], [0, 2]]]), block=4),
+    ]
+    fn = lambda q, k, v, ke, ve, dense: parts_attention(q, k, v, parts, 0.7, ke, ve, dense, offsets=(-3, 30))
+    assert torch.autograd.gradcheck(fn, (q, k, v, k_extra, v_extra, dense))
+
+
+def test_flash_parts_path_is_the_default_on_cpu():
+    """Module defaults (blocks of 64 and more): the fast path runs, and agrees with the masked path."""
+    x = inputs(600)
+    for name, options in [
+        ("local", {"window": 64}),
+        ("dilated", {"window": 128, "dilation": 2}),
+        ("longformer", {"window": 64, "global_indices": (0, 150)}),
+        ("bigbird", {"block_size": 64, "num_random_blocks": 1}),
+    ]:
+        attention = zoo.create_attention(name, DIM, HEADS, **options).eval()
+        calls = []
+        original = _blocks._FlashParts.apply
+        _blocks._FlashParts.apply = lambda *args: calls.append(1) or original(*args)
+        try:
+            fast = attention(x)
+        finally:
+            _blocks._FlashParts.apply = original
+        assert calls, name
+        masked = attention(x, torch.ones(BATCH, 600, dtype=torch.bool))  # a padding mask takes the masked path
+        torch.testing.assert_close(fast, masked, rtol=1e-5, atol=1e-5, msg=name)
 
 
 # Exact limits: against the full softmax module with the same weights.

@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention.linformer import linformer_attention
+from zoo.attention import linformer as linformer_module
+from zoo.attention.linformer import blocked_attention, linformer_attention, masked_softmax
 from zoo.attention.nystrom import iterative_pinv, nystrom_attention
 from zoo.attention.softmax import softmax_attention
 from zoo.attention.softmax1 import softmax1_attention
@@ -337,3 +338,37 @@ def test_synthesizer_options_and_lengths_are_checked():
         with pytest.raises(ValueError, match=message):
             build("synthesizer", **options)
     assert not hasattr(build("synthesizer", mix=0), "mix_weight")
+
+
+@pytest.mark.parametrize("length, landmarks", [(37, 8), (131, 16), (128, 16)])
+def test_nystrom_fused_equals_the_explicit_kernels_with_gradients(length, landmarks, monkeypatch):
+    # Small blocks: several query and key blocks, online softmax across key blocks, ragged last blocks.
+    monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 13 * 8)
+    monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 13)
+    q, k, v = heads(length)
+    for keep in (None, padding(length, kept=(length - 9, length))):
+        fused = nystrom_attention(q, k, v, keep, num_landmarks=landmarks)
+        reference = nystrom_attention(q, k, v, keep, num_landmarks=landmarks, fused=False)
+        rows = slice(None) if keep is None else keep[:, None].expand(-1, HEADS, -1)
+        torch.testing.assert_close(fused[rows], reference[rows])
+        loss_mask = 1.0 if keep is None else keep[:, None, :, None]
+        for g, w in zip(grads(fused * loss_mask, q, k, v), grads(reference * loss_mask, q, k, v)):
+            torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_blocked_attention_equals_masked_softmax_with_gradients(masked, monkeypatch):
+    monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 7 * 8)
+    monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 7)
+    for n, m in ((37, 5), (5, 37), (40, 41)):
+        q, k, v = (torch.randn(BATCH, HEADS, length, 6, dtype=torch.float64, requires_grad=True)
+                   for length in (n, m, m))
+        keep = None
+        if masked:  # sample 0 keeps half its keys, sample 1 none (its output is zero, not NaN)
+            keep = torch.ones(BATCH, m, dtype=torch.bool)
+            keep[0, m // 2:], keep[1] = False, False
+        out = blocked_attention(q, k, v, keep)
+        expected = masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
+        torch.testing.assert_close(out, expected)
+        for g, w in zip(grads(out, q, k, v), grads(expected, q, k, v)):
+            torch.testing.assert_close(g, w)

@@ -12,6 +12,8 @@ w - block length, s - blocks in a window, g - global positions, r - random block
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +24,13 @@ from einops import rearrange
 from torch import Tensor
 
 __all__ = [
+    "FLASH_MIN_BLOCK",
     "BlockLayout",
+    "Part",
+    "additive",
+    "band_parts",
+    "parts_attention",
+    "use_flash_parts",
     "as_sdpa_mask",
     "band_keep",
     "check_int",
@@ -285,3 +293,298 @@ def merge_partials(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> Tensor:
 def as_sdpa_mask(keep: Tensor, batch: int) -> Tensor:
     """`[b or 1, k, ..., w or 1, m]` bool -> `[(b k), ..., w or 1, m]` for per-block attention."""
     return keep.expand(batch, *keep.shape[1:]).flatten(0, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Flash parts: the CPU fast path. A pattern is cut into regular parts, each a batch of equal query groups against
+# equal key groups with no mask (or a small one), which the CPU flash-attention kernel runs without forming the
+# scores in memory; a causal flag lets it skip the upper triangle of a part. The parts' outputs are merged through
+# their log normalisers into one softmax over the union of their keys, and the backward calls the kernel's
+# backward once per part with the merged output and normaliser, which gives each part's share of the exact
+# gradients (the softmax's row sums are those of the whole row). See `Part` and `parts_attention`.
+
+_flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+# Blocks shorter than this are left to the masked path: the kernel's tiles would be too small to pay off.
+FLASH_MIN_BLOCK = 64
+
+
+def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int) -> bool:
+    """Whether the flash-parts path applies: CPU, float32 / float64, no key padding mask, no dropout, and
+    blocks of `block` >= `FLASH_MIN_BLOCK` positions."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and mask is None
+        and dropout_p == 0
+        and block >= FLASH_MIN_BLOCK
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """`count` query groups of `length` positions each, group i starting at `start + i * stride`, against the
+    `key_length` keys starting at `key_start + i * key_stride` of the key `source`:
+
+    - "self": the sequence's own keys and values (overlapping key groups are fine);
+    - "extra": the extra keys every group shares (`key_stride` 0), e.g. global tokens;
+    - "gather": for group i and head j, the `key_length // block` blocks `index[i, j]` of `block` keys each.
+
+    `causal` keeps key t <= query t inside a group (the kernel's top-left diagonal); `flip` reverses the
+    positions of both queries and keys inside each group first, so `causal` then keeps key t >= query t.
+    `mask`: an additive float mask broadcastable to `[count, h, length, key_length]`, 0 or a large negative
+    number (never -inf), or None.
+    """
+
+    start: int
+    count: int
+    length: int
+    key_start: int
+    key_length: int
+    stride: int = 0
+    key_stride: int = 0
+    source: str = "self"
+    causal: bool = False
+    flip: bool = False
+    mask: Tensor | None = None
+    index: Tensor | None = None
+    block: int = 0
+
+
+def _offset(x: Tensor, batch: tuple[int, ...], start: int) -> int:
+    return x.storage_offset() + sum(i * s for i, s in zip(batch, x.stride())) + start * x.stride(len(batch) + 1)
+
+
+def _group_view(x: Tensor, batch: tuple[int, ...], start: int, count: int, length: int, stride: int) -> Tensor:
+    """`x` `[..., h, n, d]` (unit stride in d) -> the `[count, h, length, d]` view of batch element `batch` (an
+    index into the leading dims), group i starting at position `start + i * stride`."""
+    sh, sn, sd = x.stride()[-3:]
+    return x.as_strided((count, x.shape[-3], length, x.shape[-1]), (stride * sn, sh, sn, sd), _offset(x, batch, start))
+
+
+def _lse_view(x: Tensor, batch: tuple[int, ...], start: int, count: int, length: int, stride: int) -> Tensor:
+    """`x` `[..., h, n]` -> the `[count, h, length]` view, as `_group_view`."""
+    sh, sn = x.stride()[-2:]
+    return x.as_strided((count, x.shape[-2], length), (stride * sn, sh, sn), _offset(x, batch, start))
+
+
+def _empty_like_layout(x: Tensor, shape: Sequence[int] | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """An empty tensor of `shape` (default x's) whose dims are laid out in memory in the order of x's strides
+    (x need not be dense: a q sliced out of a fused qkv projection gives `[b, n, h, d]` order)."""
+    shape = tuple(x.shape if shape is None else shape)
+    order = sorted(range(len(shape)), key=lambda i: (-x.stride(i), i))
+    out = x.new_empty([shape[i] for i in order], dtype=dtype)
+    return out.permute([order.index(i) for i in range(len(shape))])
+
+
+def _add_key_grad(grad: Tensor, part: Part, batch: tuple[int, ...], update: Tensor) -> None:
+    """Add the `[count, h, key_length, d]` gradient of a "self" part's keys into `grad` `[..., h, n, d]`."""
+    if part.key_stride == 0:
+        _group_view(grad, batch, part.key_start, 1, part.key_length, 0).add_(update.sum(0, keepdim=True))
+        return
+    # Overlapping key groups: add slices no longer than the stride, each a non-overlapping view.
+    for lo in range(0, part.key_length, part.key_stride):
+        hi = min(lo + part.key_stride, part.key_length)
+        _group_view(grad, batch, part.key_start + lo, part.count, hi - lo, part.key_stride).add_(
+            update[:, :, lo:hi]
+        )
+
+
+def _gather_rows(part: Part, h: int, blocks: int) -> Tensor:
+    return (part.index + torch.arange(h, device=part.index.device)[:, None] * blocks).flatten()
+
+
+def _gathered(x: Tensor, batch: tuple[int, ...], part: Part) -> Tensor:
+    """`[count, h, key_length, d]`: for group i and head j, the blocks `part.index[i, j]` of x's batch element."""
+    h, d, w = x.shape[-3], x.shape[-1], part.block
+    blocks = x.shape[-2] // w
+    rows = x[batch][:, : blocks * w].reshape(h * blocks, w * d)  # a copy: rows (head, block)
+    return rows.index_select(0, _gather_rows(part, h, blocks)).view(part.count, h, part.key_length, d)
+
+
+def _add_gathered_grad(grad: Tensor, batch: tuple[int, ...], part: Part, update: Tensor) -> None:
+    h, d, w = grad.shape[-3], grad.shape[-1], part.block
+    blocks = grad.shape[-2] // w
+    rows = update.new_zeros(h * blocks, w * d).index_add_(0, _gather_rows(part, h, blocks), update.reshape(-1, w * d))
+    grad[batch][:, : blocks * w].add_(rows.view(h, blocks * w, d))
+
+
+def _flipped(x: Tensor, flip: bool) -> Tensor:
+    return x.flip(2) if flip else x
+
+
+def _batches(x: Tensor) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(size) for size in x.shape[:-3])))
+
+
+class _FlashParts(torch.autograd.Function):
+    """`parts_attention` with the hand-written backward described at the top of this section."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, k_extra, v_extra, dense, parts, offsets, scale):
+        # Output, normaliser and gradients follow q's memory order: for q sliced out of a fused projection,
+        # `[b, n, h, d]`, so `b h n d -> b n (h d)` after attention is a view.
+        out = _empty_like_layout(q).zero_()
+        lse = _empty_like_layout(q[..., 0], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse.fill_(-math.inf)
+        results = []
+        for batch in _batches(q):
+            for part in parts:
+                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra)
+                queries = _group_view(q, batch, part.start, part.count, part.length, part.stride)
+                o, l = _flash_forward(
+                    _flipped(queries, part.flip),
+                    _flipped(keys, part.flip),
+                    _flipped(values, part.flip),
+                    0.0,
+                    part.causal,
+                    attn_mask=part.mask,
+                    scale=scale,
+                )
+                o, l = _flipped(o, part.flip), l.flip(-1) if part.flip else l
+                total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
+                torch.logaddexp(total, l, out=total)
+                results.append((batch, part, o, l))
+        if dense is not None:
+            torch.logaddexp(lse, torch.logsumexp(dense, -1), out=lse)
+        for batch, part, o, l in results:
+            total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
+            share = torch.exp(l - total).unsqueeze(-1).to(o.dtype)
+            _group_view(out, batch, part.start, part.count, part.length, part.stride).addcmul_(o, share)
+        if dense is not None:
+            share = torch.exp(dense - lse.unsqueeze(-1)).to(out.dtype)
+            for i, (rows, keys) in enumerate(_dense_ranges(offsets, q.shape[-2])):
+                out[..., rows, :].addcmul_(v[..., keys, :], share[..., rows, i, None])
+        ctx.save_for_backward(q, k, v, k_extra, v_extra, dense, out, lse)
+        ctx.parts, ctx.offsets, ctx.scale = parts, offsets, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, k_extra, v_extra, dense, out, lse = ctx.saved_tensors
+        if grad_out.stride(-1) != 1:
+            grad_out = grad_out.contiguous()
+        grad_q, grad_k, grad_v = (_empty_like_layout(x).zero_() for x in (q, k, v))
+        grad_k_extra = None if k_extra is None else torch.zeros_like(k_extra)
+        grad_v_extra = None if v_extra is None else torch.zeros_like(v_extra)
+        for batch in _batches(q):
+            for part in ctx.parts:
+                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra)
+
+                def view(x: Tensor) -> Tensor:
+                    return _flipped(_group_view(x, batch, part.start, part.count, part.length, part.stride), part.flip)
+
+                total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
+                gq, gk, gv = _flash_backward(
+                    view(grad_out),
+                    view(q),
+                    _flipped(keys, part.flip),
+                    _flipped(values, part.flip),
+                    view(out),
+                    total.flip(-1) if part.flip else total,
+                    0.0,
+                    part.causal,
+                    attn_mask=part.mask,
+                    scale=ctx.scale,
+                )
+                gq, gk, gv = (_flipped(g, part.flip) for g in (gq, gk, gv))
+                _group_view(grad_q, batch, part.start, part.count, part.length, part.stride).add_(gq)
+                if part.source == "self":
+                    _add_key_grad(grad_k, part, batch, gk)
+                    _add_key_grad(grad_v, part, batch, gv)
+                elif part.source == "extra":
+                    keys = slice(part.key_start, part.key_start + part.key_length)
+                    grad_k_extra[batch][:, keys].add_(gk.sum(0))
+                    grad_v_extra[batch][:, keys].add_(gv.sum(0))
+                else:
+                    _add_gathered_grad(grad_k, batch, part, gk)
+                    _add_gathered_grad(grad_v, batch, part, gv)
+        grad_dense = None
+        if dense is not None:
+            # The dense part's softmax backward, by hand: dE = P * (dP - rowsum(dO * O)).
+            probs = torch.exp(dense - lse.unsqueeze(-1)).to(out.dtype)
+            grad_dense = torch.zeros_like(probs)
+            for i, (rows, keys) in enumerate(_dense_ranges(ctx.offsets, q.shape[-2])):
+                grad_dense[..., rows, i] = (grad_out[..., rows, :] * v[..., keys, :]).sum(-1)
+                grad_v[..., keys, :].addcmul_(grad_out[..., rows, :], probs[..., rows, i, None])
+            grad_dense.sub_((grad_out * out).sum(-1, keepdim=True)).mul_(probs)
+        return grad_q, grad_k, grad_v, grad_k_extra, grad_v_extra, grad_dense, None, None, None
+
+
+def _part_keys(part: Part, batch, k: Tensor, v: Tensor, k_extra: Tensor | None, v_extra: Tensor | None):
+    if part.source == "self":
+        return tuple(_group_view(x, batch, part.key_start, part.count, part.key_length, part.key_stride) for x in (k, v))
+    if part.source == "extra":
+        return tuple(
+            x[batch][None, :, part.key_start : part.key_start + part.key_length].expand(part.count, -1, -1, -1)
+            for x in (k_extra, v_extra)
+        )
+    return _gathered(k, batch, part), _gathered(v, batch, part)
+
+
+def parts_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    parts: Sequence[Part],
+    scale: float,
+    k_extra: Tensor | None = None,
+    v_extra: Tensor | None = None,
+    dense: Tensor | None = None,
+    offsets: Sequence[int] = (),
+) -> Tensor:
+    """One softmax per query over the union of the keys its `parts` give it, on the CPU flash kernel.
+
+    q, k, v: `[..., h, n, d]`; k_extra, v_extra: `[..., h, g, d]` keys of "extra" parts -> `[..., h, n, d]` in
+    q's memory order (one kernel call per part and batch element). `dense`: `[..., h, n, m]` logits, already
+    scaled, of query i against the keys i + `offsets[j]` (plain tensors, for a few keys per query whose logits
+    are not dot products; a large negative value where that key is missing), or None. Queries in no part get
+    zeros. The parts of one query must hold disjoint keys, and every query in a part at least one unmasked key.
+    """
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _FlashParts.apply(q, k, v, k_extra, v_extra, dense, tuple(parts), tuple(offsets), scale)
+
+
+def _dense_ranges(offsets: Sequence[int], n: int) -> list[tuple[slice, slice]]:
+    """For each offset o: the queries i with i + o inside the sequence, and their keys i + o."""
+    ranges = []
+    for o in offsets:
+        lo, hi = max(0, -o), min(n, n - o)
+        ranges.append((slice(lo, max(lo, hi)), slice(lo + o, max(lo, hi) + o)))
+    return ranges
+
+
+def additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Bool `allowed` -> an additive mask: 0 where allowed, a large negative (finite) number elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -1e30)
+
+
+def band_parts(
+    length: int, window: int, is_causal: bool, device: torch.device, dtype: torch.dtype, shift: int = 0
+) -> list[Part]:
+    """The parts of a sliding window of `window` positions each side (causal: behind) over `length` positions:
+    query i sees keys j with |i - j| <= window (causal: 0 <= i - j <= window). With `shift`, the queries are
+    the positions `shift .. shift + length` of a longer sequence, their keys still `0 .. length`.
+
+    Blocks of `window` positions: each block against itself (full, or its lower triangle when causal), against
+    the next block (keys up to the query's own offset: a causal part) and against the previous block (keys from
+    the query's own offset: a flipped causal part). A shorter last block gets its own parts; only its part
+    against the previous block needs a (one block) mask.
+    """
+    w = min(window, length)
+    full, tail = divmod(length, w)
+    parts = [Part(0, full, w, 0, w, w, w, causal=is_causal)]
+    if tail:
+        parts.append(Part(full * w, 1, tail, full * w, tail, causal=is_causal))
+    if not is_causal and full > 1:
+        parts.append(Part(0, full - 1, w, w, w, w, w, causal=True))
+    if not is_causal and tail:
+        parts.append(Part((full - 1) * w, 1, w, full * w, tail, causal=True))
+    if full > 1:
+        parts.append(Part(w, full - 1, w, 0, w, w, w, causal=True, flip=True))
+    if tail:
+        rows = torch.arange(tail, device=device)[:, None]
+        allowed = torch.arange(w, device=device) >= rows  # key v of the previous block, query u: v >= u
+        parts.append(Part(full * w, 1, tail, (full - 1) * w, w, mask=additive(allowed, dtype)))
+    return [dataclasses.replace(part, start=part.start + shift) for part in parts] if shift else parts

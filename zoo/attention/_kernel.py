@@ -13,11 +13,13 @@ Letter legend: b - batch, h - heads, n - query length, m - key length, d - value
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from einops import rearrange
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._common import pad_to_multiple
 
@@ -278,3 +280,79 @@ class KernelStepMixin:
         )
         out = self.project_out(out[:, :, None], tokens)
         return (out[:, 0] if single else out), state
+
+# Shared by the fused (blocked, custom-backward) non-causal kernels of `performer` and `linear`: a reusable
+# workspace, row blocks, and a head split whose backward hands the packed qkv gradient on without a copy.
+
+
+class Workspace:
+    """One flat buffer, viewed as a contiguous tensor of any smaller shape."""
+
+    def __init__(self, like: Tensor, numel: int) -> None:
+        self.buffer = like.new_empty(numel)
+
+    def view(self, *shape: int) -> Tensor:
+        return self.buffer[: math.prod(shape)].view(shape)
+
+
+class SplitHeads(torch.autograd.Function):
+    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
+
+    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
+    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what
+    the fused kernels of `performer` and `linear` write), that buffer is the gradient of qkv as it is; otherwise they are copied into one.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, num_heads: int):
+        b, n, c = qkv.shape
+        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
+        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: Optional[Tensor]):
+        b, n, _, h, d = ctx.shape
+        base = grads[0]._base if grads[0] is not None else None
+        if (
+            base is not None
+            and base.shape == ctx.shape
+            and base.is_contiguous()
+            and all(
+                g is not None
+                and g._base is base
+                and g.storage_offset() == base.storage_offset() + i * h * d
+                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
+                for i, g in enumerate(grads)
+            )
+        ):
+            return base.view(b, n, 3 * h * d), None
+        like = next(g for g in grads if g is not None)
+        packed = like.new_empty(ctx.shape)
+        for i, grad in enumerate(grads):
+            if grad is None:
+                packed[:, :, i] = 0.0
+            else:
+                packed[:, :, i] = grad.permute(0, 2, 1, 3)
+        return packed.view(b, n, 3 * h * d), None
+
+
+def blocks(n: int, block: int) -> list[slice]:
+    """Slices of `block` rows covering `n` (the last one ragged)."""
+    return [slice(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+def rows_of(keep: Optional[Tensor], rows: slice) -> Optional[Tensor]:
+    return None if keep is None else keep[..., rows]
+
+
+def span(rows: slice) -> int:
+    return rows.stop - rows.start
+
+
+def with_ones_into(v: Tensor, workspace: Workspace) -> Tensor:
+    """`[b, h, w, d]` -> `[b, h, w, e]` in `workspace`: values with a ones column, whose output is the normaliser."""
+    values = workspace.view(*v.shape[:-1], v.shape[-1] + 1)
+    values[..., :-1] = v
+    values[..., -1] = 1.0
+    return values

@@ -15,7 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._blocks import BlockLayout, as_sdpa_mask, check_int, rows_attention
+from ._blocks import (
+    BlockLayout,
+    Part,
+    as_sdpa_mask,
+    check_int,
+    parts_attention,
+    rows_attention,
+    use_flash_parts,
+)
 from ._common import AttentionBase
 from ._registry import register_attention
 
@@ -62,16 +70,18 @@ def bigbird_attention(
     (`draw_random_blocks` for `bigbird_layout(n, block_size).num_blocks`); mask: `[b, n]` bool key padding mask,
     True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside, the output unpadded.
     """
-    b, h, n, _ = q.shape
+    b, h, n, d = q.shape
     layout = bigbird_layout(n, block_size)
     blocks, w = layout.num_blocks, layout.block
     if random_blocks.shape[:2] != (h, blocks):
         raise ValueError(f"random_blocks of shape {tuple(random_blocks.shape)} do not fit {h} heads x {blocks} blocks")
+    picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
+    if use_flash_parts(q, mask, dropout_p, w) and blocks >= 3 and bool((picks[1:-1] >= 0).all()):
+        return _bigbird_flash(q, k, v, picks, w, d**-0.5 if scale is None else scale)
     keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
     query_block = torch.arange(blocks, device=q.device)[:, None]
     glob = torch.tensor(global_blocks(blocks), device=q.device)
     window = query_block + torch.arange(-layout.before, layout.after + 1, device=q.device)  # [k, 3]
-    picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
     # The key blocks of every query block and head, [k, h, s]: window, global, random. A slot is void outside the
     # sequence, for a global block the window already holds, and for a missing random pick.
     index = torch.cat(
@@ -99,6 +109,38 @@ def bigbird_attention(
     rows = (glob[:, None] * w + torch.arange(w, device=q.device)).flatten()
     rows = rows[rows < n]
     return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep[:, :n], False, scale, dropout_p))
+
+
+def _bigbird_flash(q: Tensor, k: Tensor, v: Tensor, picks: Tensor, w: int, scale: float) -> Tensor:
+    """The flash-parts path for the k >= 3 blocks of `w`, every random pick present (`picks` `[k, h, r]`).
+
+    Query blocks 1 .. k - 2 against: their window (one part reading overlapping 3-block key windows in place; the
+    last window is shorter when the last block is), the global blocks outside their window (keys gathered once,
+    shared by the blocks), their random blocks (gathered per block and head). The global blocks' queries attend
+    to the whole sequence, as in the masked path.
+    """
+    n = q.shape[2]
+    blocks = -(-n // w)
+    last = n - (blocks - 1) * w  # length of the last block
+    inner = blocks - 2  # query blocks 1 .. k - 2
+    exact = last == w  # the last window has 3 whole blocks
+    parts = [Part(w, inner - (not exact), w, 0, 3 * w, w, w)]
+    if not exact:
+        parts.append(Part((blocks - 2) * w, 1, w, (blocks - 3) * w, 2 * w + last))
+    parts = [part for part in parts if part.count > 0]
+    # Extra keys: block 0 (w keys), then the last block (`last` keys).
+    if blocks >= 5:
+        parts.append(Part(2 * w, blocks - 4, w, 0, w + last, w, 0, source="extra"))
+    if blocks >= 4:
+        parts.append(Part(w, 1, w, w, last, source="extra"))  # block 1: block 0 is in its window
+        parts.append(Part((blocks - 2) * w, 1, w, 0, w, source="extra"))  # block k - 2: so is the last block
+    if picks.shape[-1]:
+        parts.append(Part(w, inner, w, 0, picks.shape[-1] * w, w, source="gather", index=picks[1:-1], block=w))
+    extra = [torch.cat([x[:, :, :w], x[:, :, (blocks - 1) * w :]], dim=2) for x in (k, v)]
+    out = parts_attention(q, k, v, parts, scale, *extra)
+    rows = torch.cat([torch.arange(w, device=q.device), torch.arange((blocks - 1) * w, n, device=q.device)])
+    keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
+    return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep, False, scale, 0.0))
 
 
 @register_attention("bigbird")

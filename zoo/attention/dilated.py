@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from ._blocks import check_int
+from ._blocks import band_parts, check_int, parts_attention, use_flash_parts
 from ._common import AttentionBase, pad_to_multiple
 from ._registry import register_attention
 from .local import local_attention
@@ -43,9 +43,11 @@ def dilated_attention(
     """
     if window < dilation:
         raise ValueError(f"window={window} is shorter than dilation={dilation}: no key but the query itself")
-    b, _, n, _ = q.shape
+    b, _, n, d = q.shape
     if dilation == 1:
         return local_attention(q, k, v, mask, is_causal, window=window, scale=scale, dropout_p=dropout_p)
+    if use_flash_parts(q, mask, dropout_p, min(window // dilation, n // dilation)):
+        return _dilated_flash(q, k, v, is_causal, window // dilation, dilation, d**-0.5 if scale is None else scale)
     (q, pad), (k, _), (v, _) = (pad_to_multiple(x, dilation) for x in (q, k, v))
     if mask is not None or pad:
         mask = torch.ones(b, n, dtype=torch.bool, device=q.device) if mask is None else mask
@@ -54,6 +56,28 @@ def dilated_attention(
     q, k, v = (rearrange(x, "b h (t r) d -> (b r) h t d", r=dilation) for x in (q, k, v))
     out = local_attention(q, k, v, mask, is_causal, window=window // dilation, scale=scale, dropout_p=dropout_p)
     return rearrange(out, "(b r) h t d -> b h (t r) d", b=b)[:, :, :n]
+
+
+def _dilated_flash(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, steps: int, dilation: int, scale: float):
+    """The flash-parts path: residue classes as a batch dim, `[b, h, (t r), d] -> [b, r, h, t, d]` (views when
+    n is a multiple of `dilation`), the output laid out `[b, t, r, h, d]` so that regrouping it is a view too."""
+    n = q.shape[2]
+    t, rem = divmod(n, dilation)
+    if rem:
+        # Residues below `rem` hold t + 1 positions, the others t: two calls on views of the padded sequence.
+        q, k, v = (F.pad(x, (0, 0, 0, dilation - rem)) for x in (q, k, v))
+    q, k, v = (rearrange(x, "b h (t r) d -> b r h t d", r=dilation) for x in (q, k, v))
+    if not rem:
+        out = parts_attention(q, k, v, band_parts(t, steps, is_causal, q.device, q.dtype), scale)
+        return rearrange(out, "b r h t d -> b h (t r) d")
+    long = parts_attention(
+        *(x[:, :rem] for x in (q, k, v)), band_parts(t + 1, steps, is_causal, q.device, q.dtype), scale
+    )
+    short = parts_attention(
+        *(x[:, rem:, :, :t] for x in (q, k, v)), band_parts(t, steps, is_causal, q.device, q.dtype), scale
+    )
+    out = torch.cat([long, F.pad(short, (0, 0, 0, 1))], dim=1)
+    return rearrange(out, "b r h t d -> b h (t r) d")[:, :, :n]
 
 
 @register_attention("dilated")

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._blocks import check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._features import elu_feature_map
-from ._kernel import KernelStepMixin, kernel_attention
+from ._kernel import (
+    DENOMINATOR_EPS,
+    KernelStepMixin,
+    SplitHeads,
+    Workspace,
+    blocks,
+    kernel_attention,
+    rows_of,
+    span,
+    with_ones_into,
+)
 from ._registry import register_attention
 
 __all__ = ["LinearAttention", "linear_attention"]
@@ -29,16 +41,115 @@ def linear_attention(
     is_causal: bool = False,
     *,
     chunk_size: int = 128,
+    fused: bool = True,
 ) -> Tensor:
     """Attention with weights `phi(q_i).phi(k_j)`, normalised over the keys, `phi = elu + 1`.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]` in v's dtype.
     Padded keys get zero features, so they add nothing to S or z. Causal: chunks of `chunk_size` (any length
     works; the last chunk is padded internally). Accumulated in float32 at least.
+
+    Non-causal with `fused=True` (default): `_FusedLinear`, in row blocks with the features recomputed in
+    backward (no `[n, d]` intermediate is ever stored); otherwise, and causally, through `kernel_attention`.
     """
+    if fused and not is_causal:
+        out_dtype = v.dtype
+        with torch.autocast(v.device.type, enabled=False):
+            dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
+            return _FusedLinear.apply(q.to(dtype), k.to(dtype), v.to(dtype), mask).to(out_dtype)
     phi_q = elu_feature_map(q)
     phi_k = masked_fill_keys(elu_feature_map(k), mask)
     return kernel_attention(phi_q, phi_k, v, is_causal=is_causal, chunk_size=chunk_size)
+
+
+# Rows per block in `_FusedLinear`: 4 MiB of `[b, h, w, d]` features, in workspaces reused by every block (a
+# fresh buffer the size of q costs page faults as dear as the arithmetic on it).
+_BLOCK_BYTES = 2**22
+
+
+def _features(x: Tensor, workspace: Workspace, keep: Optional[Tensor] = None) -> Tensor:
+    """`elu(x) + 1` of a block `x: [b, h, w, d]` into `workspace` (contiguous); zero where `keep` `[b, 1, w]` is False."""
+    phi = torch._C._nn.elu(x, 1.0, 1, 1, out=workspace.view(*x.shape)).add_(1.0)
+    if keep is not None:
+        phi.mul_(keep[..., None])
+    return phi
+
+
+class _FusedLinear(torch.autograd.Function):
+    """Non-causal linear attention in row blocks, equal to `kernel_attention` on `elu + 1` features.
+
+    Forward: keys block by block into the state `[S | z]^T = [v | 1]^T phi_k: [b h, e, d]` (e = d + 1; kept as
+    `[e, d]`, the layout whose contractions ran fastest on CPU), then queries block by block, the output
+    written straight into a `[b, n, h, d]` buffer, so the head merge before `proj` is a view. Backward
+    recomputes the features (elu' = min(phi, 1)) and writes the three gradients into one `[b, n, 3, h, d]`
+    buffer, which `SplitHeads` hands on as the qkv gradient. Saved: q, k, v, the state, output and normaliser.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
+        b, h, n, r = q.shape
+        d = v.shape[-1]
+        block = min(n, max(16, _BLOCK_BYTES // (b * h * max(r, d + 1) * q.element_size())))
+        features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * (d + 1))
+        keep = None if mask is None else mask[:, None, :]
+        state = q.new_zeros(b * h, d + 1, r)
+        for rows in blocks(n, block):
+            phi = _features(k[:, :, rows], features_ws, rows_of(keep, rows)).flatten(0, 1)
+            values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
+            state.baddbmm_(values.transpose(1, 2), phi)
+        out = q.new_empty(b, n, h, d).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
+        den = q.new_empty(b, h, n)
+        for rows in blocks(n, block):
+            w = span(rows)
+            phi = _features(q[:, :, rows], features_ws).flatten(0, 1)
+            numden = torch.bmm(phi, state.transpose(1, 2), out=values_ws.view(b * h, w, d + 1)).unflatten(0, (b, h))
+            den[:, :, rows] = numden[..., -1]
+            torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out[:, :, rows])
+        ctx.save_for_backward(q, k, v, mask, state, out, den)
+        ctx.block = block
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, mask, state, out, den = ctx.saved_tensors
+        block = ctx.block
+        b, h, n, r = q.shape
+        d = v.shape[-1]
+        keep = None if mask is None else mask[:, None, :]
+        features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * (d + 1))
+        grad_features_ws = Workspace(q, b * h * block * max(r, d))
+        if r == d:
+            # One buffer laid out like the qkv projection's output, so `SplitHeads` hands it on without a copy.
+            grad_qkv = q.new_empty(b, n, 3, h, d)
+            grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+        else:
+            grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        grad_state = torch.zeros_like(state)
+        for rows in blocks(n, block):
+            w = span(rows)
+            phi = _features(q[:, :, rows], features_ws).flatten(0, 1)
+            # out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
+            den_rows = den[:, :, rows, None]
+            grad_numden = values_ws.view(b, h, w, d + 1)
+            grad_numden[..., :d] = grad_out[:, :, rows]
+            grad_den = (grad_out[:, :, rows] * out[:, :, rows]).sum(-1, keepdim=True).neg_()
+            grad_numden[..., d:] = grad_den.masked_fill_(den_rows < DENOMINATOR_EPS, 0.0)
+            grad_numden = grad_numden.div_(den_rows.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)
+            grad_state.baddbmm_(grad_numden.transpose(1, 2), phi)
+            # Through phi = elu + 1: its derivative is 1 above zero and exp(x) = phi below, i.e. min(phi, 1).
+            grad_phi = torch.bmm(grad_numden, state, out=grad_features_ws.view(b * h, w, r))
+            grad_q[:, :, rows] = grad_phi.mul_(phi.clamp_max_(1.0)).view(b, h, w, r)
+        grad_state_v = grad_state[:, :d].transpose(1, 2)
+        for rows in blocks(n, block):
+            w = span(rows)
+            # Padded keys have phi = 0, so min(phi, 1) = 0 gives them no gradient either.
+            phi = _features(k[:, :, rows], features_ws, rows_of(keep, rows)).flatten(0, 1)
+            grad_v[:, :, rows] = torch.bmm(phi, grad_state_v, out=grad_features_ws.view(b * h, w, d)).view(b, h, w, d)
+            values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
+            grad_phi = torch.bmm(values, grad_state, out=grad_features_ws.view(b * h, w, r))
+            grad_k[:, :, rows] = grad_phi.mul_(phi.clamp_max_(1.0)).view(b, h, w, r)
+        return grad_q, grad_k, grad_v, None
 
 
 @register_attention("linear")
@@ -57,6 +168,11 @@ class LinearAttention(KernelStepMixin, AttentionBase):
         self.chunk_size = chunk_size
         # The recurrent state has one feature per head dim: phi is elementwise.
         self.state_features = self.head_dim
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """As `AttentionBase.project_qkv`, with a backward that takes the fused kernel's packed qkv gradient as is."""
+        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
+        return self.q_norm(q), self.k_norm(k), v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
         return linear_attention(q, k, v, mask, is_causal, chunk_size=self.chunk_size)

@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._blocks import as_sdpa_mask, band_keep, check_int, window_layout
+from ._blocks import (
+    as_sdpa_mask,
+    band_keep,
+    band_parts,
+    check_int,
+    parts_attention,
+    use_flash_parts,
+    window_layout,
+)
 from ._common import AttentionBase
 from ._registry import register_attention
 
@@ -36,7 +44,10 @@ def local_attention(
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: the
     sequence is padded to whole blocks inside and the output unpadded.
     """
-    b, _, n, _ = q.shape
+    b, _, n, d = q.shape
+    if use_flash_parts(q, mask, dropout_p, min(window, n)):
+        scale = d**-0.5 if scale is None else scale
+        return parts_attention(q, k, v, band_parts(n, window, is_causal, q.device, q.dtype), scale)
     layout = window_layout(n, window, is_causal)
     keep = layout.window_keep(layout.keep(mask, b, q.device))  # [b, k, (s w)]
     keep = keep[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)[None]

@@ -15,7 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._blocks import as_sdpa_mask, band_keep, check_int, rows_attention, window_layout
+from ._blocks import (
+    Part,
+    additive,
+    as_sdpa_mask,
+    band_keep,
+    band_parts,
+    check_int,
+    parts_attention,
+    rows_attention,
+    use_flash_parts,
+    window_layout,
+)
 from ._common import AttentionBase
 from ._registry import register_attention
 
@@ -39,13 +50,15 @@ def longformer_attention(
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep; global_indices: g distinct
     positions in [0, n) -> `[b, h, n, d]`. Causal: every query, global ones included, sees only j <= i.
     """
-    b, _, n, _ = q.shape
+    b, _, n, d = q.shape
     if any(index >= n for index in global_indices):
         raise ValueError(f"global_indices {tuple(global_indices)} reach past the sequence length {n}")
+    rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
+    if use_flash_parts(q, mask, dropout_p, min(window, n)):
+        return _longformer_flash(q, k, v, rows, is_causal, window, d**-0.5 if scale is None else scale)
     layout = window_layout(n, window, is_causal)
     keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
     attn_mask = layout.window_keep(keep)[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)
-    rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
     if len(rows):
         # Global keys join every block's keys, except for queries whose window already holds them.
         offsets = layout.query_positions(q.device)[..., None] - rows  # [k, w, g]
@@ -65,6 +78,23 @@ def longformer_attention(
         out_rows = rows_attention(q, k, v, rows, keep[:, :n], is_causal, scale, dropout_p)
         out = out.index_copy(2, rows, out_rows)
     return out
+
+
+def _longformer_flash(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, is_causal: bool, window: int, scale: float):
+    """The flash-parts path: the window's parts plus one part of every query against the global keys outside its
+    window (a small `[n, g]` mask), then the global queries against the whole sequence."""
+    n = q.shape[2]
+    parts = band_parts(n, window, is_causal, q.device, q.dtype)
+    if not len(rows):
+        return parts_attention(q, k, v, parts, scale)
+    offsets = torch.arange(n, device=q.device)[:, None] - rows  # [n, g]
+    allowed = ~band_keep(offsets, window, is_causal)
+    if is_causal:
+        allowed &= offsets >= 0
+    parts.append(Part(0, 1, n, 0, len(rows), source="extra", mask=additive(allowed, q.dtype)))
+    out = parts_attention(q, k, v, parts, scale, k[:, :, rows], v[:, :, rows])
+    keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
+    return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep, is_causal, scale, 0.0))
 
 
 @register_attention("longformer")

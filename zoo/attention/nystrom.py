@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
 from ._registry import register_attention
-from .linformer import check_int, masked_softmax
+from .linformer import blocked_attention, check_int, masked_softmax
 from .softmax import softmax_attention
 
 __all__ = ["NystromAttention", "nystrom_attention", "iterative_pinv"]
@@ -56,43 +56,60 @@ def nystrom_attention(
     num_landmarks: int = 64,
     pinv_iterations: int = 6,
     scale: Optional[float] = None,
+    fused: bool = True,
 ) -> Tensor:
     """Nystrom approximation of softmax attention (no convolution skip; the module adds it).
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool padding mask, True = keep (self-attention: it drops keys and
     keeps padded queries out of the query landmarks) -> `[b, h, n, d]` in v's dtype, computed in float32 at
-    least. The sequence is padded to `r * w`, `w = ceil(n / r)`; landmark i is the mean of the kept tokens in
-    segment i, `q_l, k_l: [b, h, r, d]`. A segment with no kept token has no landmark: its column is dropped from
-    the first two kernels and its row of the middle kernel is the identity, so it adds nothing.
+    least. Segments of `w = ceil(n / r)` tokens (the last ones short when `r` does not divide n); landmark i is
+    the mean of the kept tokens in segment i, `q_l, k_l: [b, h, r, d]`. A segment with no kept token has no
+    landmark: its column is dropped from the first two kernels and its row of the middle kernel is the
+    identity, so it adds nothing. Rows of padded queries are not meaningful.
+
+    `fused=True` (default) never forms the `[n, r]` kernels: `softmax(q_l k^T) v` and `softmax(q k_l^T) W`
+    are `blocked_attention` calls (blocked, weights recomputed in backward); `fused=False` is the explicit
+    reference with the three kernels materialised.
     """
     b, h, n, d = q.shape
     r = num_landmarks
     w = -(-n // r)
     out_dtype = v.dtype
     dtype = torch.promote_types(v.dtype, torch.float32)
+    scale = scale or d**-0.5
     keep = mask
     if keep is not None or r * w > n:
         keep = torch.ones(b, n, dtype=torch.bool, device=q.device) if keep is None else keep
         keep = F.pad(keep, (0, r * w - n), value=False)
     # The pinv iterations and the three softmaxes lose too much in half precision: float32 inside.
     with torch.autocast(q.device.type, enabled=False):
-        q = masked_fill_keys(pad_to_multiple(q.to(dtype), r * w)[0], keep) * (scale or d**-0.5)
-        k = masked_fill_keys(pad_to_multiple(k.to(dtype), r * w)[0], keep)
-        v = pad_to_multiple(v.to(dtype), r * w)[0]
-        key_keep = landmark_keep = middle_keep = None
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        landmark_keep = middle_keep = None
         counts = torch.full((1, r), w, device=q.device)
         if keep is not None:
             counts = rearrange(keep, "b (r w) -> b r w", w=w).sum(-1)  # b r
             has_landmark = counts > 0
-            key_keep, landmark_keep = keep[:, None, None, :], has_landmark[:, None, None, :]
+            landmark_keep = has_landmark[:, None, None, :]
             eye = torch.eye(r, dtype=torch.bool, device=q.device)
             middle_keep = (has_landmark[:, None, :, None] & landmark_keep) | eye
         denominator = counts.clamp_min(1).to(dtype)[:, None, :, None]
-        q_l = rearrange(q, "b h (r w) d -> b h r w d", w=w).sum(-2) / denominator
-        k_l = rearrange(k, "b h (r w) d -> b h r w d", w=w).sum(-2) / denominator
-
-        kernel_1 = masked_softmax(q @ k_l.transpose(-2, -1), landmark_keep)  # b h n r
+        # Segment means of the kept tokens (padded ones zeroed; the sequence padded to r * w only here).
+        q_l, k_l = (
+            rearrange(masked_fill_keys(pad_to_multiple(t, r * w)[0], keep), "b h (r w) d -> b h r w d", w=w).sum(-2)
+            / denominator
+            for t in (q, k)
+        )
+        q_l = q_l * scale
         kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
+        if fused:
+            values = blocked_attention(q_l, k, v, mask)  # softmax(q_l k^T) v: b h r d
+            weights = iterative_pinv(kernel_2, pinv_iterations) @ values
+            out = blocked_attention(q, k_l * scale, weights, None if keep is None else has_landmark)
+            return out.to(out_dtype)
+        key_keep = None if keep is None else keep[:, None, None, :]
+        q, k = (masked_fill_keys(pad_to_multiple(t, r * w)[0], keep) for t in (q, k))
+        v = pad_to_multiple(v, r * w)[0]
+        kernel_1 = masked_softmax((q * scale) @ k_l.transpose(-2, -1), landmark_keep)  # b h n r
         kernel_3 = masked_softmax(q_l @ k.transpose(-2, -1), key_keep)  # b h r n
         out = kernel_1 @ (iterative_pinv(kernel_2, pinv_iterations) @ (kernel_3 @ v))
     return out[:, :, :n].to(out_dtype)

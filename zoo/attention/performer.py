@@ -20,7 +20,17 @@ from torch.autograd.function import once_differentiable
 
 from ._common import AttentionBase
 from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
-from ._kernel import DENOMINATOR_EPS, KernelStepMixin, kernel_attention
+from ._kernel import (
+    DENOMINATOR_EPS,
+    KernelStepMixin,
+    SplitHeads,
+    Workspace,
+    blocks,
+    kernel_attention,
+    rows_of,
+    span,
+    with_ones_into,
+)
 from ._registry import register_attention
 
 __all__ = ["PerformerAttention", "favor_attention", "favor_features"]
@@ -101,16 +111,6 @@ def favor_features(
 _BLOCK_BYTES = 2**25
 
 
-class _Workspace:
-    """One flat buffer, viewed as a contiguous tensor of any smaller shape."""
-
-    def __init__(self, like: Tensor, numel: int) -> None:
-        self.buffer = like.new_empty(numel)
-
-    def view(self, *shape: int) -> Tensor:
-        return self.buffer[: math.prod(shape)].view(shape)
-
-
 class _FusedFavor(torch.autograd.Function):
     """Non-causal FAVOR+ (softmax kernel) in row blocks, equal to the `kernel_attention` path.
 
@@ -128,19 +128,19 @@ class _FusedFavor(torch.autograd.Function):
         r = projection.shape[0]
         weight_t = (projection * d**-0.25).t()
         block = min(n, max(16, _BLOCK_BYTES // (b * h * r * q.element_size())))
-        features_ws, values_ws = _Workspace(q, b * h * block * r), _Workspace(q, b * h * block * (d + 1))
+        features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * (d + 1))
         floor = eps / math.sqrt(r)
         keep = None if mask is None else mask[:, None, :]
         half_sq = _half_square(k)
         state = q.new_zeros(b * h, d + 1, r)
         running_max = q.new_full((b, h), torch.finfo(q.dtype).min)
-        for rows in _blocks(n, block):
-            features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, _len(rows), r))
-            new_max = _key_max(features, half_sq[..., rows], _rows(keep, rows), running_max)
-            _exp_key_features(features, half_sq[..., rows], _rows(keep, rows), new_max)
+        for rows in blocks(n, block):
+            features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
+            new_max = _key_max(features, half_sq[..., rows], rows_of(keep, rows), running_max)
+            _exp_key_features(features, half_sq[..., rows], rows_of(keep, rows), new_max)
             # Online max: rescale the state to the new running max, then add this block (relative to it).
             state.mul_(torch.exp(running_max - new_max).view(-1, 1, 1))
-            values = _with_ones(v[:, :, rows], values_ws).flatten(0, 1)
+            values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
             state.baddbmm_(values.transpose(1, 2), features.flatten(0, 1))
             running_max = new_max
         # The keys' floor: every kept key adds floor * [v_j | 1] to every feature of the state.
@@ -152,11 +152,11 @@ class _FusedFavor(torch.autograd.Function):
         out = q.new_empty(b, n, h, d).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
         den = q.new_empty(b, h, n)
         query_offset = q.new_empty(b, h, n, 1)
-        for rows in _blocks(n, block):
-            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, _len(rows), r))
+        for rows in blocks(n, block):
+            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
             offset = torch.add(features.amax(-1, keepdim=True), 0.5 * math.log(r), out=query_offset[:, :, rows])
             features.sub_(offset).exp_()
-            numden = values_ws.view(b * h, _len(rows), d + 1)
+            numden = values_ws.view(b * h, span(rows), d + 1)
             torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2), out=numden)
             numden = numden.unflatten(0, (b, h))
             den[:, :, rows] = numden[..., -1]
@@ -174,15 +174,15 @@ class _FusedFavor(torch.autograd.Function):
         r = weight_t.shape[1]
         weight = weight_t.t()
         keep = None if mask is None else mask[:, None, :]
-        features_ws, grad_features_ws = _Workspace(q, b * h * block * r), _Workspace(q, b * h * block * r)
-        values_ws, grad_rows_ws = _Workspace(q, b * h * block * (d + 1)), _Workspace(q, b * h * block * d)
-        # One buffer laid out like the qkv projection's output, so `_SplitHeads` hands it on without a copy.
+        features_ws, grad_features_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * r)
+        values_ws, grad_rows_ws = Workspace(q, b * h * block * (d + 1)), Workspace(q, b * h * block * d)
+        # One buffer laid out like the qkv projection's output, so `SplitHeads` hands it on without a copy.
         grad_qkv = q.new_empty(b, n, 3, h, d)
         grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
         grad_state = torch.zeros_like(state)
         grad_sum = q.new_zeros(b * h, d + 1, 1)
-        for rows in _blocks(n, block):
-            w = _len(rows)
+        for rows in blocks(n, block):
+            w = span(rows)
             features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, w, r))
             features = features.sub_(query_offset[:, :, rows]).exp_().flatten(0, 1)
             # out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
@@ -203,15 +203,15 @@ class _FusedFavor(torch.autograd.Function):
         grad_state_v = grad_state[:, :d].transpose(1, 2)
         # The keys' floor: every kept key added floor * v_j to every feature of the state.
         grad_v_floor = grad_state[:, :d].sum(-1).mul_(floor).view(b, h, 1, d)
-        for rows in _blocks(n, block):
-            w, keep_rows, k_rows = _len(rows), _rows(keep, rows), k[:, :, rows]
+        for rows in blocks(n, block):
+            w, keep_rows, k_rows = span(rows), rows_of(keep, rows), k[:, :, rows]
             features = torch.matmul(k_rows, weight_t, out=features_ws.view(b, h, w, r))
             features = _exp_key_features(features, half_sq[..., rows], keep_rows, running_max).flatten(0, 1)
             floor_v = grad_v_floor if keep_rows is None else grad_v_floor * keep_rows[..., None]
             grad_rows = grad_rows_ws.view(b * h, w, d)
             torch.baddbmm(floor_v.flatten(0, 1), features, grad_state_v, out=grad_rows)
             grad_v[:, :, rows] = grad_rows.view(b, h, w, d)
-            values = _with_ones(v[:, :, rows], values_ws).flatten(0, 1)
+            values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
             grad_features = torch.bmm(values, grad_state, out=grad_features_ws.view(b * h, w, r)).mul_(features)
             # The exponent is w.k - |k|^2 / 2 (k scaled by d^-1/4): its gradient in k is w - k / sqrt(d).
             grad_rows = torch.mm(grad_features.view(-1, r), weight, out=grad_rows_ws.view(b * h * w, d))
@@ -222,64 +222,10 @@ class _FusedFavor(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None
 
 
-class _SplitHeads(torch.autograd.Function):
-    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
-
-    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
-    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what
-    `_FusedFavor` writes), that buffer is the gradient of qkv as it is; otherwise they are copied into one.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: Tensor, num_heads: int):
-        b, n, c = qkv.shape
-        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
-        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads: Optional[Tensor]):
-        b, n, _, h, d = ctx.shape
-        base = grads[0]._base if grads[0] is not None else None
-        if (
-            base is not None
-            and base.shape == ctx.shape
-            and base.is_contiguous()
-            and all(
-                g is not None
-                and g._base is base
-                and g.storage_offset() == base.storage_offset() + i * h * d
-                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
-                for i, g in enumerate(grads)
-            )
-        ):
-            return base.view(b, n, 3 * h * d), None
-        like = next(g for g in grads if g is not None)
-        packed = like.new_empty(ctx.shape)
-        for i, grad in enumerate(grads):
-            if grad is None:
-                packed[:, :, i] = 0.0
-            else:
-                packed[:, :, i] = grad.permute(0, 2, 1, 3)
-        return packed.view(b, n, 3 * h * d), None
-
-
-def _blocks(n: int, block: int) -> list[slice]:
-    return [slice(start, min(start + block, n)) for start in range(0, n, block)]
-
-
-def _rows(keep: Optional[Tensor], rows: slice) -> Optional[Tensor]:
-    return None if keep is None else keep[..., rows]
-
-
 def _half_square(k: Tensor) -> Tensor:
     """`|k|^2 / 2` of the normalised keys (k d^-1/4), `[b, h, n]`."""
     # vector_norm reduces in one pass; square().sum() would first write a [b, h, n, d] tensor.
     return torch.linalg.vector_norm(k, dim=-1).square_().mul_(0.5 * k.shape[-1] ** -0.5)
-
-
-def _len(rows: slice) -> int:
-    return rows.stop - rows.start
 
 
 def _key_max(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], running_max: Tensor) -> Tensor:
@@ -296,14 +242,6 @@ def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Optional[Tensor],
     if keep is not None:
         shift.masked_fill_(~keep, float("inf"))
     return features.sub_(shift[..., None]).exp_()
-
-
-def _with_ones(v: Tensor, workspace: _Workspace) -> Tensor:
-    """`[b, h, w, d]` -> `[b, h, w, e]` in `workspace`: values with a ones column, whose output is the normaliser."""
-    values = workspace.view(*v.shape[:-1], v.shape[-1] + 1)
-    values[..., :-1] = v
-    values[..., -1] = 1.0
-    return values
 
 
 def _positive_int(name: str, value: int, minimum: int) -> None:
@@ -390,7 +328,7 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """As `AttentionBase.project_qkv`, with a backward that saves two copies of `[b, n, 3 h d]`."""
-        q, k, v = _SplitHeads.apply(self.qkv(x), self.num_heads)
+        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
         return self.q_norm(q), self.k_norm(k), v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
