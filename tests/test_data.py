@@ -205,7 +205,10 @@ def test_folder_errors(image_root, tmp_path):
 
 
 def test_build_dataset(image_root):
-    assert DATASETS == ("megamnist", "folder")
+    assert set(DATASETS) == {
+        "megamnist", "folder", "genomes", "yeast_coding", "splice", "fasta", "genomic_benchmarks", "ucr", "ts", "csv",
+        "elecdemand", "forecast_csv",
+    }
     ds = build_dataset("megamnist", "val", is_training=False, canvas_size=96, num_samples=3, seed=2)
     assert isinstance(ds, MegaMNIST) and len(ds) == 3 and ds.seed == 2 and ds.split == "val"
     ds = build_dataset("folder", "train", is_training=True, root=str(image_root), img_size=20, in_chans=1)

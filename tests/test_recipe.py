@@ -13,6 +13,7 @@ from zoo.recipe import (
     Recipe,
     RecipeError,
     ScheduleConfig,
+    SequenceConfig,
     TrainConfig,
     load_recipe,
     recipe_from_dict,
@@ -187,7 +188,8 @@ def test_literal_choices():
     message = error_of({"name": "x", "train": {"mixed_precision": "bf32"}})
     assert message == "<dict>: train.mixed_precision: expected one of 'auto', 'no', 'bf16', 'fp16', got 'bf32'"
     message = error_of({"name": "x", "data": {"name": "mnist"}})
-    assert message == "<dict>: data.name: expected one of 'megamnist', 'folder', got 'mnist'"
+    assert message.startswith("<dict>: data.name: expected one of 'megamnist', 'folder', 'genomes', ")
+    assert message.endswith(", 'elecdemand', 'forecast_csv', got 'mnist'")
     assert "schedule.name: expected one of" in error_of({"name": "x", "schedule": {"name": "linear"}})
     assert recipe_from_dict({"name": "x", "train": {"mixed_precision": "no"}}).train.mixed_precision == "no"
 
@@ -195,7 +197,10 @@ def test_literal_choices():
 def test_metrics_entries():
     assert recipe_from_dict({"name": "x", "metrics": ["confusion", "top1"]}).metrics == ["confusion", "top1"]
     message = error_of({"name": "x", "metrics": ["top1", "top3"]})
-    assert message == "<dict>: metrics[1]: expected one of 'top1', 'top5', 'f1', 'confusion', got 'top3'"
+    assert message == (
+        "<dict>: metrics[1]: expected one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', 'mse', 'mae', "
+        "'perplexity', got 'top3'"
+    )
     assert error_of({"name": "x", "metrics": "top1"}) == "<dict>: metrics: expected a list, got 'top1'"
     assert error_of({"name": "x", "metrics": ["f1", "f1"]}) == "<dict>: metrics[1]: duplicate entry 'f1'"
 
@@ -440,3 +445,48 @@ def test_save_checks_a_changed_recipe(tmp_path):
     with pytest.raises(RecipeError, match=r"bad\.yaml: train\.epochs: expected an integer >= 1, got 0"):
         save_recipe(recipe, tmp_path / "bad.yaml")
     assert not (tmp_path / "bad.yaml").exists()
+
+
+# Tasks, the 1-D model and dataset options
+
+
+def test_task_kind_and_options_defaults():
+    recipe = recipe_from_dict({"name": "x"})
+    assert recipe.task == "classification" and recipe.model.kind == "vit" and recipe.data.options == {}
+    assert recipe.model.sequence == SequenceConfig()
+
+
+def test_dataset_options_keep_only_what_is_set():
+    forecaster = {"kind": "sequence", "sequence": {"input": "series"}}
+    data = {"name": "elecdemand", "options": {"horizon": 192, "targets": ("Demand",)}}
+    recipe = recipe_from_dict({"name": "x", "task": "forecast", "metrics": ["mse"], "model": forecaster, "data": data})
+    # left-out options keep the dataset's own defaults: nothing is filled in
+    assert recipe.data.options == {"horizon": 192, "targets": ["Demand"]}
+    data = {"name": "elecdemand", "options": {"targets": "Demand"}}
+    message = error_of({"name": "x", "task": "forecast", "model": forecaster, "data": data})
+    assert message == "<dict>: data.options.targets: expected a list, got 'Demand'"
+
+
+def test_options_schema_follows_the_dataset_name():
+    message = error_of({"name": "x", "data": {"options": {"window": 3}}})
+    assert message == "<dict>: data.options.window: unknown key; this section takes none"
+    message = error_of({"name": "x", "model": {"kind": "sequence"}, "data": {"name": "fasta", "root": "/d"}})
+    assert message == "<dict>: data.options.window: missing required key"
+
+
+def test_metrics_are_checked_per_task():
+    base = {"name": "x", "model": {"kind": "sequence"}, "data": {"name": "yeast_coding"}}
+    recipe = recipe_from_dict({**base, "task": "token_classification", "metrics": ["f1", "mcc"]})
+    assert recipe.metrics == ["f1", "mcc"]
+    message = error_of({**base, "task": "token_classification", "metrics": ["f1", "auroc"]})
+    assert message == (
+        "<dict>: metrics[1]: task 'token_classification' takes one of 'top1', 'f1', 'confusion', 'mcc', got 'auroc'"
+    )
+
+
+def test_one_d_recipe_round_trip(tmp_path):
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "genomes_quick.yaml",
+                         ["data.options.window=2048"])
+    assert recipe.model.kind == "sequence" and recipe.data.options == {"window": 2048, "rc_prob": 0.5}
+    saved = save_recipe(recipe, tmp_path / "recipe.yaml")
+    assert load_recipe(saved) == recipe

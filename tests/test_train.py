@@ -171,8 +171,10 @@ def test_shipped_recipes_are_valid(path):
     recipe = load_recipe(path)
     assert recipe.name == path.stem
     attention = recipe.model.attention
-    # The options must be ones the variant takes: build one block's attention at the recipe's width.
-    zoo.create_attention(attention.name, 384, 6, **attention.options)
+    # The options must be ones the variant takes: build one block's attention at the recipe's width (the ViT's
+    # own, 384 wide with 6 heads, where the recipe keeps it).
+    dim, heads = recipe.model.embed_dim or 384, recipe.model.num_heads or 6
+    zoo.create_attention(attention.name, dim, heads, **attention.options)
 
 
 def test_every_attention_family_has_a_1024_px_recipe():

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Evaluate a run's checkpoint: metrics to <run>/eval.json, the confusion matrix to <run>/confusion_<split>.png.
+"""Evaluate a run's checkpoint: metrics and the task's baselines to <run>/eval.json; for classification tasks
+the confusion matrix to <run>/confusion_<split>.png.
 
     tools/eval.py runs/quickstart
     tools/eval.py runs/quickstart --checkpoint last --split val
+    tools/eval.py runs/elecdemand_quick        # with the seasonal-naive and linear forecasts' MSE / MAE
 """
 from __future__ import annotations
 
@@ -30,8 +32,15 @@ def main() -> None:
     result = evaluate_run(run_dir, checkpoint=args.checkpoint, split=args.split)
     output = Path(args.output) if args.output else run_dir / "eval.json"
     output.write_text(json.dumps(result, indent=2))
-    summary = " ".join(f"{k}={v:.4f}" for k, v in result["metrics"].items() if isinstance(v, float))
-    print(f"{args.split}: {summary}\nwrote {output} and {result['confusion_png']}")
+    print(f"{args.split}: {_scores(result['metrics'])}")
+    for name, scores in result["baselines"].items():
+        print(f"baseline {name}: {_scores(scores)}")
+    written = [str(output), *([result["confusion_png"]] if result["confusion_png"] else [])]
+    print(f"wrote {' and '.join(written)}")
+
+
+def _scores(values: dict) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in values.items() if isinstance(v, float))
 
 
 if __name__ == "__main__":

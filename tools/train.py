@@ -3,6 +3,7 @@
 
     tools/train.py recipes/quickstart.yaml
     tools/train.py recipes/vit_performer_1024.yaml --set train.epochs=3 model.attention.options.nb_features=128
+    tools/train.py recipes/elecdemand_quick.yaml --set data.options.horizon=192
     accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
 """
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Training and evaluation of a recipe through accelerate (CPU, one GPU, many GPUs under `accelerate launch`).
 
+Images come as `(image, label)` batches to a timm ViT trained with cross-entropy; the 1-D sets as dicts padded by
+`PadCollate` (`tokens` or `values`, `mask`, and the task's targets) to a `SequenceModel`, trained with its own
+`loss`. Either way the attention's `auxiliary_loss` is added, and the best checkpoint is the one with the best
+validation score of the task (`zoo.metrics.selection_metric`).
+
 A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation),
 `checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state) and
 `train_summary.json`. A checkpoint is written to a temporary directory and renamed into place, so a crash never
@@ -13,6 +18,7 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -22,18 +28,31 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import gather_object, set_seed
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler, StepLRScheduler
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from .attention import on_optimizer_step
 from .attention._registry import auxiliary_loss
-from .data import build_dataset
-from .metrics import build_metrics, metrics_to_python
-from .models import create_model
+from .data import DATASET_DOMAINS, PadCollate, build_dataset
+from .metrics import build_metrics, metrics_to_python, selection_metric, task_inputs
+from .models import SequenceModel, create_model, create_sequence_model
 from .recipe import Recipe, save_recipe
 
-__all__ = ["Trainer", "build_model", "build_split", "evaluate", "resolve_mixed_precision", "find_checkpoint"]
+__all__ = [
+    "Trainer",
+    "batch_loss",
+    "build_loader",
+    "build_model",
+    "build_sequence_model",
+    "build_split",
+    "evaluate",
+    "find_checkpoint",
+    "model_for",
+    "num_outputs",
+    "resolve_mixed_precision",
+    "unpack_batch",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -62,9 +81,26 @@ def resolve_mixed_precision(value: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
+def _sequence_options(recipe: Recipe, split: str) -> dict[str, Any]:
+    """Constructor options of a 1-D dataset: the recipe's data.options, data.root, and the seed and window
+    counts that the recipe holds in its shared keys."""
+    data = recipe.data
+    options = dict(data.options)
+    if data.root is not None:
+        options["root"] = data.root
+    if data.name in ("genomes", "yeast_coding", "fasta", "genomic_benchmarks"):
+        options["seed"] = data.seed
+    if data.name == "genomes":
+        counts = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}
+        options["num_windows"] = counts[split]
+    return options
+
+
 def build_split(recipe: Recipe, split: str) -> Dataset:
     data, model = recipe.data, recipe.model
     is_training = split == "train"
+    if DATASET_DOMAINS[data.name] != "image":
+        return build_dataset(data.name, split, is_training=is_training, **_sequence_options(recipe, split))
     if data.name == "megamnist":
         if data.canvas_size != model.img_size and not model.dynamic_img_size:
             raise ValueError(
@@ -116,29 +152,151 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int) -> nn.Module:
     return model
 
 
-def _loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
-    batch_size = recipe.data.batch_size if train else recipe.data.eval_batch_size or recipe.data.batch_size
-    workers = recipe.data.num_workers
-    return DataLoader(
-        dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=workers,
-        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+def _sequence_length(dataset: Dataset) -> int:
+    """Input length of the split (its longest series, window or look-back), else that of its first item."""
+    for attr in ("lookback", "window", "max_length"):
+        if getattr(dataset, attr, None):
+            return int(getattr(dataset, attr))
+    sample = dataset[0]
+    return len(sample["tokens"] if "tokens" in sample else sample["values"])
+
+
+def _forecast_shape(dataset: Dataset) -> dict[str, Any]:
+    """Channels in, horizon, and which input channels are the targets (None: all of them, in order)."""
+    inputs, targets = list(dataset.input_index), list(dataset.target_index)
+    missing = [dataset.columns[t] for t in targets if t not in inputs]
+    if missing:
+        names = [dataset.columns[i] for i in inputs]
+        raise ValueError(f"data.options.targets {missing} must be among the inputs {names}")
+    channels = None if targets == inputs else [inputs.index(t) for t in targets]
+    return {"num_channels": len(inputs), "horizon": dataset.horizon, "target_channels": channels}
+
+
+def build_sequence_model(recipe: Recipe, train_set: Dataset) -> SequenceModel:
+    """The recipe's 1-D model, sized from its training split (classes, channels, length, horizon)."""
+    cfg, seq = recipe.model, recipe.model.sequence
+    shared = {
+        key: value for key, value in (("dim", cfg.embed_dim), ("depth", cfg.depth), ("num_heads", cfg.num_heads),
+                                      ("mlp_ratio", cfg.mlp_ratio)) if value is not None
+    }
+    sizes: dict[str, Any] = {"seq_len": _sequence_length(train_set)}
+    if recipe.task == "forecast":
+        sizes.update(_forecast_shape(train_set))
+    elif seq.input == "series":
+        sizes["num_channels"] = train_set.in_chans
+    if recipe.task in ("classification", "token_classification"):
+        sizes["num_classes"] = train_set.num_classes
+    return create_sequence_model(
+        recipe.task, input=seq.input, attention=cfg.attention.name, attention_options=cfg.attention.options,
+        positions=seq.positions, pool=seq.pool, max_len=seq.max_len, kmer=seq.kmer, kmer_stride=seq.kmer_stride,
+        patch_len=seq.patch_len, patch_stride=seq.patch_stride, channel_independent=seq.channel_independent,
+        revin=seq.revin, forecast_loss=seq.forecast_loss, tie_embeddings=seq.tie_embeddings,
+        drop_rate=cfg.drop_rate, attn_drop_rate=cfg.attn_drop_rate, drop_path_rate=cfg.drop_path_rate,
+        grad_checkpointing=cfg.grad_checkpointing, **shared, **sizes,
     )
 
 
+def model_for(recipe: Recipe, train_set: Dataset) -> nn.Module:
+    """The recipe's model (`model.kind`), sized from the training split."""
+    if recipe.model.kind == "sequence":
+        return build_sequence_model(recipe, train_set)
+    return build_model(recipe, train_set.num_classes, train_set.in_chans)
+
+
+def num_outputs(recipe: Recipe, dataset: Dataset) -> int:
+    """Classes the metrics count: the vocabulary for causal_lm, none for forecast."""
+    if recipe.task == "causal_lm":
+        return dataset.vocab_size
+    return getattr(dataset, "num_classes", 0)
+
+
+def build_loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
+    """Shuffled, whole batches for training; every item, in order, for evaluation. 1-D items are padded."""
+    batch_size = recipe.data.batch_size if train else recipe.data.eval_batch_size or recipe.data.batch_size
+    workers = recipe.data.num_workers
+    collate = PadCollate() if recipe.model.kind == "sequence" else None
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=workers,
+        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(), collate_fn=collate,
+    )
+
+
+# The batch key holding each task's targets; causal_lm predicts its own tokens.
+_TARGET_KEYS = {
+    "classification": "label", "token_classification": "labels", "forecast": "target", "causal_lm": "tokens",
+}
+# Tasks whose loss counts positions, so the input mask also masks the targets.
+_PER_POSITION = ("token_classification", "causal_lm")
+
+
+def unpack_batch(batch: Any, task: str) -> tuple[tuple[Tensor, ...], Tensor]:
+    """A loader batch -> (the model's positional inputs, the targets).
+
+    `(images [b, c, h, w], labels [b])` -> `((images,), labels)`; a 1-D dict -> `((tokens [b, n] or values
+    [b, n, c], mask [b, n]), targets)`, the targets `label [b]`, `labels [b, n]`, `target [b, t, c]` or, for
+    causal_lm, the tokens.
+    """
+    if not isinstance(batch, Mapping):
+        images, labels = batch
+        return (images,), labels
+    inputs = batch["tokens"] if "tokens" in batch else batch["values"]
+    return (inputs, batch["mask"]), batch[_TARGET_KEYS[task]]
+
+
+def batch_loss(
+    core: nn.Module, outputs: Tensor, inputs: tuple[Tensor, ...], targets: Tensor, task: str,
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Mean loss of a batch: `core` (the unwrapped model) is a `SequenceModel` with its own loss, or a ViT."""
+    if isinstance(core, SequenceModel):
+        mask = inputs[1] if task in _PER_POSITION else None
+        return core.loss(outputs, targets, mask, label_smoothing=label_smoothing)
+    return nn.functional.cross_entropy(outputs.float(), targets, label_smoothing=label_smoothing)
+
+
+def _loss_units(task: str, inputs: tuple[Tensor, ...], targets: Tensor) -> int:
+    """How many terms `batch_loss` averages over: samples, target values, or kept labelled positions."""
+    if task == "forecast":
+        return targets.numel()
+    if task == "token_classification":
+        return int(((targets != -100) & inputs[1]).sum())
+    if task == "causal_lm":
+        return int(inputs[1][:, 1:].sum())
+    return targets.shape[0]
+
+
+def _gather(accelerator: Accelerator, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Every process's batch (no sample twice); 1-D batches are first padded to one length across processes."""
+    if accelerator.num_processes > 1:
+        tensors = tuple(accelerator.pad_across_processes(t, dim=1) if t.dim() > 1 else t for t in tensors)
+    return accelerator.gather_for_metrics(tensors)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, metric_names, num_classes: int) -> dict:
-    """Loss and metrics over the whole split, gathered from every process (no sample counted twice)."""
+def evaluate(
+    model: nn.Module, loader: DataLoader, accelerator: Accelerator, metric_names, num_classes: int,
+    task: str = "classification",
+) -> dict:
+    """Loss and metrics over the whole split, gathered from every process (no sample counted twice).
+
+    `num_classes`: the classes (the vocabulary for causal_lm; unused for forecast). The loss is the mean over
+    every sample, target value or kept position (as `batch_loss` averages).
+    """
     model.eval()
-    metrics = build_metrics(metric_names, num_classes).to(accelerator.device)
-    loss_sum, count = torch.zeros((), device=accelerator.device), 0
-    for images, labels in loader:
+    core = accelerator.unwrap_model(model)
+    metrics = build_metrics(metric_names, num_classes, task).to(accelerator.device)
+    loss_sum, units, count = torch.zeros((), device=accelerator.device), 0, 0
+    for batch in loader:
+        inputs, targets = unpack_batch(batch, task)
         with accelerator.autocast():
-            logits = model(images)
-        logits, labels = accelerator.gather_for_metrics((logits.float(), labels))
-        loss_sum += nn.functional.cross_entropy(logits, labels, reduction="sum")
-        count += labels.numel()
-        metrics.update(logits, labels)
-    result = {"loss": float(loss_sum) / max(count, 1), "samples": count}
+            outputs = model(*inputs)
+        outputs, targets, *inputs = _gather(accelerator, (outputs.float(), targets, *inputs))
+        batch_units = _loss_units(task, tuple(inputs), targets)
+        loss_sum += batch_loss(core, outputs, tuple(inputs), targets, task) * batch_units
+        units += batch_units
+        count += targets.shape[0]
+        metrics.update(*task_inputs(task, outputs, targets, inputs[1] if len(inputs) > 1 else None))
+    result = {"loss": float(loss_sum) / max(units, 1), "samples": count}
     return {**result, **metrics_to_python(metrics.compute())}
 
 
@@ -183,14 +341,14 @@ class Trainer:
         )
         set_seed(recipe.seed)
         train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
-        self.num_classes = train_set.num_classes
-        model = build_model(recipe, self.num_classes, train_set.in_chans)
+        self.num_classes = num_outputs(recipe, train_set)
+        model = model_for(recipe, train_set)
         optimizer = create_optimizer_v2(
             model, opt=recipe.optim.name, lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay,
             layer_decay=recipe.optim.layer_decay, betas=tuple(recipe.optim.betas),
         )
         self.model, self.optimizer, self.train_loader, self.val_loader = self.accelerator.prepare(
-            model, optimizer, _loader(recipe, train_set, True), _loader(recipe, val_set, False)
+            model, optimizer, build_loader(recipe, train_set, True), build_loader(recipe, val_set, False)
         )
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
@@ -201,6 +359,7 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = self._scheduler()
         self.state = TrainState()
+        self.selection, self.higher_is_better = selection_metric(recipe.task, recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
     def _scheduler(self):
@@ -285,11 +444,12 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch, initial=skip // cfg.grad_accum_steps, disable=not self.is_main,
                    desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}", dynamic_ncols=True)
         loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
-        for images, labels in loader:
-            loss = self._train_batch(images, labels)
+        for batch in loader:
+            inputs, targets = unpack_batch(batch, self.recipe.task)
+            loss = self._train_batch(inputs, targets)
             loss_sum += loss.detach()
             batches += 1
-            samples += labels.shape[0] * acc.num_processes
+            samples += targets.shape[0] * acc.num_processes
             self.state.batch_in_epoch += 1
             if not acc.sync_gradients:
                 continue
@@ -311,12 +471,14 @@ class Trainer:
         mean_loss = float(acc.reduce(loss_sum, "mean")) / max(batches, 1)
         return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
 
-    def _train_batch(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _train_batch(self, inputs: tuple[Tensor, ...], targets: Tensor) -> Tensor:
+        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in (see `unpack_batch`)."""
         acc, cfg = self.accelerator, self.recipe.train
         with acc.accumulate(self.model):
             with acc.autocast():
-                logits = self.model(images)
-                loss = nn.functional.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+                outputs = self.model(*inputs)
+                loss = batch_loss(acc.unwrap_model(self.model), outputs, inputs, targets, self.recipe.task,
+                                  cfg.label_smoothing)
                 loss = loss + auxiliary_loss(self.model)
             acc.backward(loss)
             if acc.sync_gradients and cfg.clip_grad:
@@ -329,14 +491,15 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
-        metrics = evaluate(self.model, self.val_loader, self.accelerator, self.recipe.metrics, self.num_classes)
+        metrics = evaluate(self.model, self.val_loader, self.accelerator, self.recipe.metrics, self.num_classes,
+                           self.recipe.task)
         record = {
             "epoch": self.state.epoch, "step": self.state.step, "train_loss": train_loss,
             "lr": self._lr(), "samples_per_s": samples_per_s,
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
         self._log_eval(record)
-        score = metrics.get("top1", -metrics["loss"])
+        score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
         is_best = score > self.state.best_metric
         if is_best:
             self.state.best_metric = score
@@ -354,7 +517,8 @@ class Trainer:
                 "num_processes": self.accelerator.num_processes,
                 "mixed_precision": self.accelerator.mixed_precision, "device": str(self.accelerator.device),
                 "replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
-                "best_val_top1": self.state.best_metric, "last_eval": last_eval,
+                f"best_val_{self.selection}": self.state.best_metric * (1 if self.higher_is_better else -1),
+                "last_eval": last_eval,
             }
             (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
         self.accelerator.wait_for_everyone()

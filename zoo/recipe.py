@@ -12,6 +12,16 @@ value and what is allowed::
     train:
       epochs: 3
 
+A recipe trains one ``task`` (classification by default; forecast, token_classification and causal_lm for the
+1-D data) with one ``model.kind``: ``vit`` (timm's VisionTransformer, images) or ``sequence`` (the 1-D
+``zoo.models.SequenceModel``, configured under ``model.sequence``). ``data.options`` holds the options of the
+chosen dataset, checked against that dataset's schema below (``DATASET_OPTIONS``)::
+
+    task: forecast
+    model: {kind: sequence, embed_dim: 64, sequence: {input: series, patch_len: 16}}
+    data: {name: elecdemand, options: {lookback: 336, horizon: 96}}
+    metrics: [mse, mae]
+
 YAML is read with the YAML 1.2 rules for booleans and floats: only ``true``/``false`` are booleans (so
 ``mixed_precision: no`` is the string ``'no'``) and ``1e-3`` is a float.
 """
@@ -32,7 +42,12 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from .data import DATASET_DOMAINS, DATASET_TASKS, DATASETS
+from .metrics import METRICS, TASK_METRICS
+from .models.sequence import INPUTS, POSITIONS, TASK_INPUTS, TASKS
+
 __all__ = [
+    "DATASET_OPTIONS",
     "AttentionConfig",
     "DataConfig",
     "ModelConfig",
@@ -40,6 +55,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "ScheduleConfig",
+    "SequenceConfig",
     "TrainConfig",
     "load_recipe",
     "recipe_from_dict",
@@ -72,8 +88,56 @@ class AttentionConfig:
 
 
 @dataclass
+class SequenceConfig:
+    """The 1-D model's own options (``model.kind: sequence``); see ``zoo.models.create_sequence_model``, whose
+    defaults these are. Width, depth, heads, MLP ratio, dropout and attention are the shared ``model`` keys."""
+
+    # dna: one token per nucleotide; kmer: k-mers embedded from nucleotides; series: PatchTST patches
+    input: Literal[INPUTS] = "dna"
+    # null: rotary for causal_lm, learned otherwise
+    positions: Optional[Literal[POSITIONS]] = None
+    # classification only: how the tokens become one vector
+    pool: Literal["cls", "mean", "attention"] = "cls"
+    # entries of the learned position table; null: the training split's length in tokens
+    max_len: Optional[int] = _bounded(None, min=1)
+    kmer: int = _bounded(3, min=1, max=8)
+    # null: non-overlapping k-mers (stride kmer), the only kind per-position labels allow
+    kmer_stride: Optional[int] = _bounded(None, min=1)
+    patch_len: int = _bounded(16, min=1)
+    patch_stride: int = _bounded(8, min=1)
+    channel_independent: bool = True
+    revin: bool = True
+    forecast_loss: Literal["mse", "mae"] = "mse"
+    tie_embeddings: bool = True
+
+
+# SequenceConfig keys that only some tasks or inputs use ("task" or "input", the values that use it): elsewhere they
+# must keep their defaults, so that no setting is silently ignored.
+_SEQUENCE_KEY_USE = {
+    "pool": ("task", ("classification",)),
+    "kmer": ("input", ("kmer",)),
+    "kmer_stride": ("input", ("kmer",)),
+    "patch_len": ("input", ("series",)),
+    "patch_stride": ("input", ("series",)),
+    "channel_independent": ("input", ("series",)),
+    "revin": ("input", ("series",)),
+    "forecast_loss": ("task", ("forecast",)),
+    "tie_embeddings": ("task", ("causal_lm",)),
+}
+
+# ModelConfig keys that only timm's VisionTransformer uses: a sequence model must leave them at their defaults.
+_VIT_ONLY = (
+    "name", "img_size", "patch_size", "in_chans", "stem", "block", "block_options", "reversible", "ff_chunks",
+    "dynamic_img_size", "pretrained", "pretrained_file", "timm_kwargs",
+)
+
+
+@dataclass
 class ModelConfig:
+    # vit: timm's VisionTransformer (images); sequence: zoo's 1-D SequenceModel (DNA, time series)
+    kind: Literal["vit", "sequence"] = "vit"
     # any timm VisionTransformer architecture name; None sizes below keep the architecture's own values
+    # (for a sequence model: create_sequence_model's, dim 128, depth 4, 4 heads, MLP ratio 4)
     name: str = "vit_small_patch16_224"
     img_size: int = _bounded(224, min=8)
     patch_size: Optional[int] = _bounded(None, min=1)
@@ -104,9 +168,22 @@ class ModelConfig:
     pretrained_file: Optional[str] = None
     # extra keyword arguments for timm's VisionTransformer
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceConfig = field(default_factory=SequenceConfig)
 
     def _problems(self) -> list[tuple[str, str]]:
         problems = []
+        defaults = ModelConfig()
+        if self.kind == "sequence":
+            problems += [
+                (name, f"a ViT option, unused by model.kind 'sequence'; leave it out, got {_show(getattr(self, name))}")
+                for name in _VIT_ONLY if getattr(self, name) != getattr(defaults, name)
+            ]
+        elif self.sequence != defaults.sequence:
+            problems.append(("sequence", "only model.kind 'sequence' takes these options, got model.kind 'vit'"))
+        seq = self.sequence
+        if seq.kmer_stride is not None and seq.kmer_stride > seq.kmer:
+            problem = f"must be <= kmer {seq.kmer} (no base skipped), got {seq.kmer_stride}"
+            problems.append(("sequence.kmer_stride", problem))
         if self.embed_dim is not None and self.num_heads is not None and self.embed_dim % self.num_heads:
             problems.append(("num_heads", f"must divide embed_dim {self.embed_dim}, got {self.num_heads}"))
         if self.block == "gau" and self.attention.name != "gau":
@@ -118,15 +195,104 @@ class ModelConfig:
         return problems
 
 
+# Options of each dataset under data.options (the ones a recipe sets; the trainer passes split, seed, sample counts
+# and data.root itself). Declarations only, never instantiated: a field without a default is required, a field
+# with one may be left out (the dataset's own default applies, see zoo.data).
+def _option(**bounds: Any) -> Any:
+    return field(default=None, metadata=bounds)
+
+
+@dataclass(kw_only=True)
+class _NoOptions:
+    pass
+
+
+@dataclass(kw_only=True)
+class GenomesOptions:
+    window: int = _option(min=1)
+    # reverse-complement augmentation, training split only
+    rc_prob: float = _option(min=0, max=1)
+
+
+@dataclass(kw_only=True)
+class YeastCodingOptions:
+    window: int = _option(min=1)
+    stride: int = _option(min=1)
+    rc_prob: float = _option(min=0, max=1)
+
+
+@dataclass(kw_only=True)
+class FastaOptions:
+    window: int = field(metadata={"min": 1})
+    stride: int = _option(min=1)
+    min_length: int = _option(min=1)
+    rc_prob: float = _option(min=0, max=1)
+
+
+@dataclass(kw_only=True)
+class GenomicBenchmarksOptions:
+    max_length: int = _option(min=1)
+    rc_prob: float = _option(min=0, max=1)
+
+
+@dataclass(kw_only=True)
+class UCROptions:
+    # a set bundled with sktime, e.g. ACSF1, PLAID (zoo.data.bundled_ucr_names)
+    ucr_name: str = field()
+    val_fraction: float = _option(min=0, max=1, max_exclusive=True)
+    znorm: bool = _option()
+
+
+@dataclass(kw_only=True)
+class SeriesFileOptions:
+    znorm: bool = _option()
+
+
+@dataclass(kw_only=True)
+class CsvOptions:
+    label_column: str = _option()
+    znorm: bool = _option()
+
+
+@dataclass(kw_only=True)
+class ForecastOptions:
+    lookback: int = _option(min=1)
+    # 96, 192, 336 or 720 in the long-horizon protocol
+    horizon: int = _option(min=1)
+    # column names; targets must be among the inputs (default: every column in)
+    targets: list[str] = _option()  # noqa: RUF009 - None, a declaration only
+    inputs: list[str] = _option()  # noqa: RUF009
+
+
+@dataclass(kw_only=True)
+class ForecastCsvOptions(ForecastOptions):
+    targets: list[str] = field()
+
+
+DATASET_OPTIONS: dict[str, type] = {
+    "megamnist": _NoOptions, "folder": _NoOptions, "genomes": GenomesOptions, "yeast_coding": YeastCodingOptions,
+    "splice": _NoOptions, "fasta": FastaOptions, "genomic_benchmarks": GenomicBenchmarksOptions, "ucr": UCROptions,
+    "ts": SeriesFileOptions, "csv": CsvOptions, "elecdemand": ForecastOptions, "forecast_csv": ForecastCsvOptions,
+}
+# datasets read from the users' files at data.root; genomes, yeast_coding and splice take it as the Debian root
+_NEEDS_ROOT = ("folder", "fasta", "genomic_benchmarks", "ts", "csv", "forecast_csv")
+_NO_ROOT = ("megamnist", "ucr", "elecdemand")
+
+
 @dataclass
 class DataConfig:
-    name: Literal["megamnist", "folder"] = "megamnist"
+    name: Literal[DATASETS] = "megamnist"
+    # users' data: an image folder tree, a FASTA / Genomic Benchmarks tree, a folder of train/val/test .ts or .csv
+    # files, the CSV file of forecast_csv; for genomes, yeast_coding and splice the Debian root (null: searched)
     root: Optional[str] = None
+    # the options of data.name (DATASET_OPTIONS), e.g. {window: 16384, rc_prob: 0.5} for genomes
+    options: dict[str, Any] = field(default_factory=dict, metadata={"schema_by": "name"})
     canvas_size: int = _bounded(1024, min=16)
     digit_size: int = _bounded(28, min=4)
     num_target: int = _bounded(3, min=1)
     num_other: int = _bounded(2, min=0)
     num_clutter: int = _bounded(4, min=0)
+    # items per split of generated data: megamnist canvases, genomes windows
     train_samples: int = _bounded(10000, min=1)
     val_samples: int = _bounded(1000, min=1)
     test_samples: int = _bounded(1000, min=1)
@@ -137,8 +303,11 @@ class DataConfig:
 
     def _problems(self) -> list[tuple[str, str]]:
         problems = []
-        if self.name == "folder" and self.root is None:
-            problems.append(("root", "required when data.name is 'folder', got null"))
+        if self.name in _NEEDS_ROOT and self.root is None:
+            problems.append(("root", f"required when data.name is {self.name!r}, got null"))
+        if self.name in _NO_ROOT and self.root is not None:
+            problem = f"dataset {self.name!r} reads no files of yours; leave it out, got {_show(self.root)}"
+            problems.append(("root", problem))
         if self.digit_size > self.canvas_size:
             problems.append(("digit_size", f"must be <= canvas_size {self.canvas_size}, got {self.digit_size}"))
         return problems
@@ -177,9 +346,6 @@ class TrainConfig:
     checkpoint_every_steps: Optional[int] = _bounded(None, min=1)
 
 
-Metric = Literal["top1", "top5", "f1", "confusion"]
-
-
 @dataclass
 class Recipe:
     name: str
@@ -190,8 +356,60 @@ class Recipe:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    metrics: list[Metric] = field(default_factory=lambda: ["top1", "top5", "f1"], metadata={"unique": True})
+    # what the model learns; the dataset must serve it (zoo.data.DATASET_TASKS)
+    task: Literal[TASKS] = "classification"
+    # the task's metrics (zoo.metrics.TASK_METRICS): classification top1 (accuracy), top5, f1 (macro), confusion,
+    # mcc, auroc; token_classification the same per position; forecast mse, mae; causal_lm perplexity, top1
+    metrics: list[Literal[METRICS]] = field(default_factory=lambda: ["top1", "top5", "f1"], metadata={"unique": True})
     output_dir: Optional[str] = None
+
+    def _problems(self) -> list[tuple[str, str]]:
+        problems = []
+        served = DATASET_TASKS[self.data.name]
+        if self.task not in served:
+            datasets = ", ".join(name for name, tasks in DATASET_TASKS.items() if self.task in tasks)
+            problem = f"data.name {self.data.name!r} serves {_names(served)}; task {self.task!r} needs {datasets}"
+            problems.append(("task", problem))
+        problems += self._model_problems()
+        allowed = TASK_METRICS[self.task]
+        problems += [
+            (f"metrics[{i}]", f"task {self.task!r} takes one of {_names(allowed)}, got {name!r}")
+            for i, name in enumerate(self.metrics) if name not in allowed
+        ]
+        if self.train.label_smoothing and self.task != "classification":
+            problems.append(("train.label_smoothing", f"only task 'classification' uses it, got task {self.task!r}"))
+        return problems
+
+    def _model_problems(self) -> list[tuple[str, str]]:
+        domain, kind = DATASET_DOMAINS[self.data.name], self.model.kind
+        wanted = "vit" if domain == "image" else "sequence"
+        if kind != wanted:
+            return [("model.kind", f"data.name {self.data.name!r} holds {domain} data: needs {wanted!r}, got {kind!r}")]
+        if kind == "vit":
+            return []
+        source = self.model.sequence.input
+        inputs = ("series",) if domain == "series" else ("dna", "kmer")
+        if source not in inputs:
+            problem = f"data.name {self.data.name!r} holds {domain} data: takes {_names(inputs)}, got {source!r}"
+            return [("model.sequence.input", problem)]
+        if source not in TASK_INPUTS[self.task]:
+            problem = f"task {self.task!r} takes {_names(TASK_INPUTS[self.task])}, got {source!r}"
+            return [("model.sequence.input", problem)]
+        return self._unused_sequence_keys()
+
+    def _unused_sequence_keys(self) -> list[tuple[str, str]]:
+        seq, defaults, problems = self.model.sequence, SequenceConfig(), []
+        for name, (by, users) in _SEQUENCE_KEY_USE.items():
+            current = self.task if by == "task" else seq.input
+            value, default = getattr(seq, name), getattr(defaults, name)
+            if value != default and current not in users:
+                problem = f"only {by} {_names(users)} uses it ({by} is {current!r}); leave it at {_show(default)}"
+                problems.append((f"model.sequence.{name}", f"{problem}, got {_show(value)}"))
+        return problems
+
+
+def _names(values: Sequence[str]) -> str:
+    return ", ".join(repr(value) for value in values)
 
 
 # YAML 1.2 booleans and floats: `no` stays a string, `1e-3` is a float.
@@ -425,7 +643,12 @@ def _build(cls: type, value: Any, key: str) -> Any:
             raise RecipeError(_unknown_key(name, names), key=_join(key, name))
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if f.name in value:
+        if "schema_by" in f.metadata:
+            # checked even when left out: the schema may require keys
+            schema_key = f.metadata["schema_by"]
+            schema = DATASET_OPTIONS[kwargs.get(schema_key, getattr(cls, schema_key))]
+            kwargs[f.name] = _check_options(schema, value.get(f.name), _join(key, f.name))
+        elif f.name in value:
             kwargs[f.name] = _check(value[f.name], _hints(cls)[f.name], f.metadata, _join(key, f.name))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise RecipeError("missing required key", key=_join(key, f.name))
@@ -435,7 +658,26 @@ def _build(cls: type, value: Any, key: str) -> Any:
     return obj
 
 
+def _check_options(schema: type, value: Any, key: str) -> dict[str, Any]:
+    """The keys ``value`` sets, each checked against the declaration ``schema``; no defaults filled in."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise _expected("a mapping", value, key, False)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for name in value:
+        if name not in fields:
+            raise RecipeError(_unknown_key(name, list(fields)), key=_join(key, name))
+    for f in fields.values():
+        if f.name not in value and f.default is dataclasses.MISSING:
+            raise RecipeError("missing required key", key=_join(key, f.name))
+    hints = _hints(schema)
+    return {name: _check(item, hints[name], fields[name].metadata, _join(key, name)) for name, item in value.items()}
+
+
 def _unknown_key(name: Any, names: list[str]) -> str:
+    if not names:
+        return "unknown key; this section takes none"
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown key{hint}; allowed: {', '.join(names)}"

@@ -1,17 +1,46 @@
-"""Backbones: timm Vision Transformers with any zoo attention, and the block options they share."""
+"""Backbones: timm Vision Transformers with any zoo attention, the 1-D sequence model, and their parts."""
 from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class, build_blocks
+from .embeddings import KmerEmbedding, PatchEmbedding, RevIN, TokenEmbedding
+from .generation import generate, supports_recurrent
+from .heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
+from .sequence import (
+    INPUTS,
+    POSITIONS,
+    TASKS,
+    SequenceModel,
+    SequenceTransformer,
+    create_sequence_model,
+    load_vit_weights,
+)
 from .vit import VIT_ARCHITECTURES, LoadReport, ReversibleVisionTransformer, create_model, load_pretrained
 
 __all__ = [
     "BLOCKS",
+    "INPUTS",
+    "POSITIONS",
+    "TASKS",
     "VIT_ARCHITECTURES",
     "Block",
+    "ClassificationHead",
+    "ForecastHead",
     "GAUBlock",
+    "KmerEmbedding",
+    "LanguageModelHead",
     "LoadReport",
+    "PatchEmbedding",
+    "RevIN",
     "ReversibleSequence",
     "ReversibleVisionTransformer",
+    "SequenceModel",
+    "SequenceTransformer",
+    "TokenClassificationHead",
+    "TokenEmbedding",
     "block_class",
     "build_blocks",
     "create_model",
+    "create_sequence_model",
+    "generate",
     "load_pretrained",
+    "load_vit_weights",
+    "supports_recurrent",
 ]

@@ -61,6 +61,7 @@ __all__ = [
     "INPUTS",
     "POSITIONS",
     "TASKS",
+    "TASK_INPUTS",
     "SequenceModel",
     "SequenceTransformer",
     "create_sequence_model",
@@ -73,7 +74,7 @@ INPUTS = ("dna", "kmer", "series")
 POSITIONS = ("learned", "sinusoidal", "rotary", "none")
 # The inputs each task accepts: forecasting needs a series; next-token prediction and per-position labels need
 # tokens that map back to input positions.
-_TASK_INPUTS = {
+TASK_INPUTS = {
     "classification": ("dna", "kmer", "series"),
     "forecast": ("series",),
     "token_classification": ("dna", "kmer"),
@@ -360,9 +361,14 @@ class SequenceModel(nn.Module):
             forecast = forecast[:, self.target_channels]
         return rearrange(forecast, "b c t -> b t c")
 
-    def loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> Tensor:
+    def loss(
+        self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None, *, label_smoothing: float = 0.0
+    ) -> Tensor:
+        """The task's loss (see the class doc); `label_smoothing` is for classification only."""
+        if label_smoothing and self.task != "classification":
+            raise ValueError(f"label smoothing is for classification, not task {self.task!r}")
         if self.task == "classification":
-            return classification_loss(outputs, targets)
+            return classification_loss(outputs, targets, label_smoothing=label_smoothing)
         if self.task == "forecast":
             return forecast_error(outputs, targets, mask, kind=self.forecast_loss)
         if self.task == "token_classification":
@@ -440,8 +446,8 @@ def create_sequence_model(
     _choice("task", task, TASKS)
     _choice("input", input, INPUTS)
     _choice("forecast_loss", forecast_loss, ("mse", "mae"))
-    if input not in _TASK_INPUTS[task]:
-        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(_TASK_INPUTS[task])}")
+    if input not in TASK_INPUTS[task]:
+        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(TASK_INPUTS[task])}")
     if task in ("classification", "token_classification") and not num_classes:
         raise ValueError(f"task {task!r} needs num_classes (got {num_classes!r})")
     if task == "forecast" and not (seq_len and horizon):
