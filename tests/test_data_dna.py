@@ -232,6 +232,9 @@ def test_yeast_labels_follow_gff_coordinates():
 def test_yeast_windows_splits_and_reverse_complement():
     test = YeastCoding("test", window=4096)
     assert len(test) == 57 and len(test[56]["tokens"]) == 230_208 - 56 * 4096
+    # overlapping windows for training only: evaluation counts every position once
+    assert len(YeastCoding("test", window=4096, stride=512)) == 57
+    assert len(YeastCoding("train", window=4096, stride=512)) > 7 * len(YeastCoding("train", window=4096))
     train, val = YeastCoding("train", window=65536), YeastCoding("val", window=65536)
     assert len(train.codes) + len(val.codes) == 813_178
     sample = train[0]

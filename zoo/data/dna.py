@@ -509,8 +509,9 @@ class YeastCoding(_DNABase):
     """Per-nucleotide gene structure on yeast chrI/chrII: non-coding (0), coding + (1), coding - (2).
 
     Data: Debian ``gbrowse-data`` (SGD sequence and GFF3 annotation). Split by chromosome and region: test is
-    chrI (230,208 bp), val the last 10% of chrII, train the first 90% of chrII. Each region is tiled by windows
-    of ``window`` nucleotides every ``stride`` (default ``window``); the last window may be shorter.
+    chrI (230,208 bp), val the last 10% of chrII, train the first 90% of chrII. The training region is tiled by
+    windows of ``window`` nucleotides every ``stride`` (default ``window``); val and test always by non-overlapping
+    windows, so that every position counts once in their per-position metrics. The last window may be shorter.
     Reverse complement (``rc_prob``) reverses the labels and swaps the two strands' classes.
     Samples: ``tokens`` int64 ``[N]``, ``mask`` bool ``[N]``, ``labels`` int64 ``[N]``.
     """
@@ -537,7 +538,7 @@ class YeastCoding(_DNABase):
         codes, labels = yeast_coding_labels(root)[name]
         lo, hi = int(len(codes) * first), int(len(codes) * last)
         self.codes, self.labels = codes[lo:hi], labels[lo:hi]
-        self._starts = window_starts(hi - lo, self.window, self.stride)
+        self._starts = window_starts(hi - lo, self.window, self.stride if split == "train" else self.window)
 
     def __len__(self) -> int:
         return len(self._starts)
