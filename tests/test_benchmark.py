@@ -2,6 +2,10 @@
 import json
 
 import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
 
 from zoo import benchmark
 from zoo.attention import attention_options, list_attentions
@@ -56,6 +60,49 @@ def test_report_files(sweep):
         assert title in markdown
     for name in ("time.png", "memory.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_peer_table_compares_each_peer_with_its_variant(sweep, tmp_path):
+    out, results = sweep
+    ours = [dict(r, variant="local", fwd_bwd_s=1.0, peak_mib=100.0) for r in _records(out, "softmax").values()]
+    peer = [dict(r, variant="peer:local-attention", fwd_bwd_s=2.5, peak_mib=400.0) for r in ours]
+    benchmark.write_markdown({**results, "records": [*results["records"], *ours, *peer]}, tmp_path / "r.md")
+    section = (tmp_path / "r.md").read_text().split("## Against the peer packages")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| `local`"))
+    assert row.count("2.50x, 100 / 400 MiB") == len(LENGTHS)
+    assert "peer packages" not in (out / "results.md").read_text()
+
+
+class ExactPeer(nn.Module):
+    """Exact attention with a peer package's parameter names: to_q / to_k / to_v / to_out (performer-pytorch,
+    linformer) or, fused, to_qkv / to_out[0] (nystrom-attention)."""
+
+    def __init__(self, dim: int, heads: int, fused: bool) -> None:
+        super().__init__()
+        self.heads, self.fused = heads, fused
+        if fused:
+            self.to_qkv = nn.Linear(dim, 3 * dim, bias=False)
+            self.to_out = nn.Sequential(nn.Linear(dim, dim), nn.Dropout(0.0))
+        else:
+            self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+            self.to_out = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        qkv = self.to_qkv(x).chunk(3, -1) if self.fused else (self.to_q(x), self.to_k(x), self.to_v(x))
+        q, k, v = (rearrange(t, "b n (h d) -> b h n d", h=self.heads) for t in qkv)
+        return self.to_out(rearrange(F.scaled_dot_product_attention(q, k, v), "b h n d -> b n (h d)"))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_peer_is_measured_against_exact_attention_with_its_own_weights(fused):
+    torch.manual_seed(0)
+    peer = benchmark.PeerAttention(ExactPeer(SETTINGS.dim, SETTINGS.heads, fused), causal=False)
+    x = torch.randn(1, 50, SETTINGS.dim)
+    error, rows = benchmark.relative_error(peer, x, SETTINGS, {})
+    assert error < 1e-5 and rows == 50
+    # a layer whose projections are not where a peer keeps them
+    with pytest.raises(ValueError, match="no separate q / k / v"):
+        benchmark.relative_error(benchmark.PeerAttention(nn.Linear(4, 4), causal=False), x, SETTINGS, {})
 
 
 @pytest.mark.slow

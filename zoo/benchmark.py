@@ -63,6 +63,7 @@ __all__ = [
     "fit_slope",
     "measure",
     "parse_options",
+    "peer_weights",
     "run_config",
     "run_sweep",
     "single_config",
@@ -186,6 +187,14 @@ PEERS = {
     "reformer-pytorch": "reformer_pytorch",
 }
 NON_CAUSAL_PEERS = ("linformer", "nystrom-attention")
+# The zoo variant each peer package is compared with, at the peer's settings.
+PEER_VARIANTS = {
+    "performer-pytorch": "performer",
+    "linformer": "linformer",
+    "nystrom-attention": "nystrom",
+    "local-attention": "local",
+    "reformer-pytorch": "reformer",
+}
 
 
 def check_variants(names: list[str]) -> None:
@@ -379,13 +388,32 @@ def _time_and_memory(module: nn.Module, x: Tensor, grad: Tensor, settings: Setti
     }
 
 
+def peer_weights(module: nn.Module) -> dict[str, Tensor]:
+    """A peer layer's q, k, v and output projections under timm's names (`qkv`, `proj`), so that exact attention
+    with the peer's own weights is its reference, as zoo's weights are zoo's.
+
+    performer-pytorch and linformer keep `to_q`, `to_k`, `to_v`, `to_out`; nystrom-attention a fused `to_qkv` and
+    `to_out[0]`. reformer-pytorch shares one projection between queries and keys: it has no such reference.
+    """
+    layer = getattr(module, "layer", module)
+    if hasattr(layer, "to_qkv"):
+        inputs, output = [layer.to_qkv], layer.to_out[0]
+    elif all(hasattr(layer, name) for name in ("to_q", "to_k", "to_v")):
+        inputs, output = [layer.to_q, layer.to_k, layer.to_v], layer.to_out
+    else:
+        raise ValueError(f"{type(layer).__name__} has no separate q / k / v projections to copy into exact attention")
+    if any(linear.bias is not None for linear in inputs):
+        raise ValueError(f"{type(layer).__name__} has q / k / v biases; the exact reference has none")
+    weights = {"qkv.weight": torch.cat([linear.weight for linear in inputs]), "proj.weight": output.weight}
+    return weights if output.bias is None else {**weights, "proj.bias": output.bias}
+
+
 def relative_error(module: nn.Module, x: Tensor, settings: Settings, options: dict[str, Any]) -> tuple[float, int]:
     """`||out - exact|| / ||exact||` on `error_rows` random query rows; exact: float32 softmax, same weights."""
-    if not isinstance(module, AttentionBase):
-        raise ValueError("a peer layer has no timm qkv / proj weights to copy into exact attention")
+    weights = module.state_dict() if isinstance(module, AttentionBase) else peer_weights(module)
     shared = {k: v for k, v in options.items() if k in SHARED_OPTIONS}
     reference = create_attention("softmax", settings.dim, settings.heads, **shared).to(x.device).eval()
-    missing, _ = reference.load_state_dict(module.state_dict(), strict=False)
+    missing, _ = reference.load_state_dict(weights, strict=False)
     if missing:
         raise ValueError(f"weights {missing} do not copy from {type(module).__name__} into softmax")
     length = x.shape[1]
@@ -606,6 +634,8 @@ def _earlier_records(out_dir: Path, meta: dict[str, Any], remeasured: set[tuple[
     kept = [r for r in earlier["records"] if (r["variant"], r["length"]) not in remeasured]
     meta["merged_from"] = [*earlier["metadata"].get("merged_from", []), earlier["metadata"]["command"]]
     meta["lengths"] = sorted({*meta["lengths"], *earlier["metadata"]["lengths"]})
+    # the packages of both sweeps (peers measured only in the earlier one included)
+    meta["versions"] = {**earlier["metadata"]["versions"], **meta["versions"]}
     return [{"date": date, **record} for record in kept]
 
 
@@ -779,6 +809,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         lines += [""]
     lines += ["## Time relative to projections (forward + backward time / that of the projections alone)", ""]
     lines += _table(names, lengths, ratio("", PROJECTIONS))
+    lines += _peer_tables(names, lengths, by)
     failures = [r for r in records if r["status"] != "ok" or r.get("rel_error_message")]
     if failures or meta.get("notes"):
         lines += ["## Failures, skips and notes", ""]
@@ -789,15 +820,47 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def _peer_tables(names: list[str], lengths: list[int], by: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    """Each measured peer against its zoo variant: speedup (the peer's forward + backward time / ours) and peak
+    memory, ours / the peer's."""
+    pairs = [(PEER_VARIANTS[n[len(PEER_PREFIX):]], n) for n in names if n.startswith(PEER_PREFIX)]
+    pairs = [(ours, peer) for ours, peer in pairs if ours in names]
+    if not pairs:
+        return []
+
+    def cell(ours: str, peer: str, n: int) -> str:
+        a, b = by.get((ours, n), {}), by.get((peer, n), {})
+        if a.get("status") != "ok" or b.get("status") != "ok":
+            return ""
+        return f"{b['fwd_bwd_s'] / a['fwd_bwd_s']:.2f}x, {a['peak_mib']:.0f} / {b['peak_mib']:.0f} MiB"
+
+    lines = [
+        "## Against the peer packages",
+        "",
+        "Per length: speedup (the peer's forward + backward time / zoo's), then peak memory, zoo's / the peer's.",
+        "",
+        "| zoo variant | peer | " + " | ".join(f"{n:,}" for n in lengths) + " |",
+        "|" + "---|" * (len(lengths) + 2),
+    ]
+    for ours, peer in pairs:
+        lines.append(f"| `{ours}` | `{peer}` | " + " | ".join(cell(ours, peer, n) for n in lengths) + " |")
+    return lines + [""]
+
+
 def plot(results: dict[str, Any], out_dir: Path) -> None:
     """`time.png` (forward + backward, forward) and `memory.png` (peak, above baseline) against N, log-log."""
+    import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullFormatter
 
     records, meta = results["records"], results["metadata"]
     names = list(dict.fromkeys(r["variant"] for r in records))
     lengths = sorted({r["length"] for r in records})
-    style = {"softmax": {"color": "black"}, PROJECTIONS: {"color": "gray", "linestyle": "--"}}
+    # 20 distinct colours (the default cycle repeats after 10); peers dotted with crosses, beside zoo's own
+    palette = matplotlib.colormaps["tab20"].colors
+    style = {name: {"color": palette[i % len(palette)], "marker": "o"} for i, name in enumerate(names)}
+    style.update({name: {**style[name], "linestyle": ":", "marker": "x"} for name in names if name.startswith(PEER_PREFIX)})
+    style.update({"softmax": {"color": "black", "marker": "o"}, PROJECTIONS: {"color": "gray", "linestyle": "--", "marker": "o"}})
     panels = {
         "time.png": (("fwd_bwd_s", "forward + backward (s)"), ("fwd_s", "forward (s)")),
         "memory.png": (("peak_mib", "peak memory (MiB)"), ("extra_mib", "memory above the baseline (MiB)")),
@@ -805,18 +868,18 @@ def plot(results: dict[str, Any], out_dir: Path) -> None:
     settings = meta["settings"]
     title = f"{meta['device_name']}: batch {settings['batch']}, dim {settings['dim']}, {settings['heads']} heads, "
     for filename, pair in panels.items():
-        figure = Figure(figsize=(12, 4.8), layout="constrained")
+        figure = Figure(figsize=(14, 5.2), layout="constrained")
         axes = figure.subplots(1, 2)
         for axis, (key, label) in zip(axes, pair, strict=True):
             for name in names:
                 points = sorted((n, v) for n, v in _series(records, name, key).items() if v > 0)
                 if points:
-                    axis.plot(*zip(*points), marker="o", label=name, **style.get(name, {}))
+                    axis.plot(*zip(*points), label=name, **style[name])
             axis.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel=label)
             axis.set_xticks(lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths])
             axis.xaxis.set_minor_formatter(NullFormatter())
             axis.grid(True, which="both", alpha=0.3)
-        axes[0].legend(fontsize="small")
+        figure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize="small")
         figure.suptitle(title + settings["dtype"] + (f"; memory: {meta['memory']}" if filename == "memory.png" else ""))
         figure.savefig(out_dir / filename, dpi=110)
 
