@@ -30,6 +30,19 @@ data-deps: $(STAMP)
 test: $(STAMP) data-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The CPU sweep behind benchmarks/cpu (about 40 minutes on 2 cores): every variant and the peer packages at the
+# targets' settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K.
+# The peers are comparators only, installed here, never dependencies of zoo.
+PEER_PACKAGES := performer-pytorch linformer nystrom-attention local-attention reformer-pytorch
+QUADRATIC := softmax softmax1 synthesizer
+bench-cpu: $(STAMP)
+	$(PY) -m pip install -q $(PEER_PACKAGES)
+	$(PY) tools/benchmark.py --device cpu --threads 2 --peers --option nystrom.num_landmarks=256 \
+		--variants projections $(filter-out $(QUADRATIC),$(shell $(PY) -c "import zoo; print(*zoo.list_attentions())")) \
+		--out benchmarks/cpu
+	$(PY) tools/benchmark.py --device cpu --threads 2 --variants $(QUADRATIC) --lengths 1024 4096 16384 \
+		--out benchmarks/cpu --merge
+
 lint: $(STAMP)
 	$(PY) -m ruff check zoo tools tests
 
