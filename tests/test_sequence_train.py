@@ -78,8 +78,13 @@ def test_elecdemand_forecast_trains_and_reports_baselines(tmp_path):
 
 
 @needs("gbrowse-data")
-def test_yeast_per_position_metrics(tmp_path):
-    overrides = [*TINY, "data.options.window=512", "model.sequence.kmer=4", "model.sequence.kmer_stride=4"]
+@pytest.mark.parametrize("tokens", [
+    [],
+    ["model.sequence.input=kmer", "model.sequence.kmer=4", "model.sequence.kmer_stride=4",
+     "model.attention.name=linear", "model.attention.options={}"],
+])
+def test_yeast_per_position_metrics(tmp_path, tokens):
+    overrides = [*TINY, "data.options.window=512", *tokens]
     result = fit(load_recipe(RECIPES / "yeast_coding_quick.yaml", overrides), tmp_path / "run")
     metrics = result["metrics"]
     assert result["task"] == "token_classification" and {"top1", "f1", "mcc", "confusion"} <= set(metrics)

@@ -217,6 +217,7 @@ class GenomesOptions:
 @dataclass(kw_only=True)
 class YeastCodingOptions:
     window: int = _option(min=1)
+    # the training split's window step; val and test never overlap (each position counted once)
     stride: int = _option(min=1)
     rc_prob: float = _option(min=0, max=1)
 
