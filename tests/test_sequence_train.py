@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from accelerate.state import AcceleratorState
+
+from zoo import engine
 
 from zoo.data import DATASET_TASKS, build_dataset, dataset_options, debian
 from zoo.engine import Trainer
@@ -170,3 +173,54 @@ def test_sequence_defaults_are_the_model_builders():
         if name != "input":
             assert value == defaults[name].default, name
     assert SequenceConfig().input == defaults["input"].default
+
+
+def test_metrics_left_out_default_to_the_tasks_own():
+    base = {"name": "x", "model": {"kind": "sequence"}}
+    forecast = {**base, "task": "forecast", "data": {"name": "elecdemand"},
+                "model": {"kind": "sequence", "sequence": {"input": "series"}}}
+    assert recipe_from_dict(forecast).metrics == ["mse", "mae"]
+    assert recipe_from_dict({**base, "task": "causal_lm", "data": {"name": "splice"}}).metrics == ["perplexity", "top1"]
+    assert recipe_from_dict({**base, "data": {"name": "splice"}}).metrics == ["top1", "top5", "f1"]
+
+
+class _Items(torch.utils.data.Dataset):
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        return {"tokens": torch.zeros(self.lengths[i], dtype=torch.long)}
+
+
+def test_sequence_length_is_the_longest_item_not_the_first():
+    assert engine._sequence_length(_Items([20, 400, 37])) == 400
+    stored = _Items([20])
+    stored.sequences = [range(20), range(400)]
+    assert engine._sequence_length(stored) == 400
+
+
+class _TwoProcesses:
+    """accelerate's multi-process gather as one process sees it: pad_across_processes pads with `new_zeros + 0`
+    (which makes a bool tensor int64), gather_for_metrics returns the padded batch."""
+
+    num_processes = 2
+
+    def pad_across_processes(self, tensor, dim):
+        padding = tensor.new_zeros((*tensor.shape[:dim], 3, *tensor.shape[dim + 1:])) + 0
+        return torch.cat([tensor.long() if tensor.dtype == torch.bool else tensor, padding], dim=dim)
+
+    def gather_for_metrics(self, tensors):
+        return tensors
+
+
+def test_gather_keeps_the_position_mask_boolean_and_leaves_inputs_out():
+    outputs, labels = torch.randn(2, 5, 3), torch.randint(0, 3, (2, 5))
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    got_outputs, got_labels, got_mask = engine._gather(_TwoProcesses(), outputs, labels, mask)
+    assert got_mask.dtype == torch.bool and got_mask.shape == (2, 8) and not got_mask[:, 5:].any()
+    assert got_outputs.shape == (2, 8, 3) and got_labels.shape == (2, 8)
+    # sequence-level tasks gather no mask and pad nothing
+    assert engine._gather(_TwoProcesses(), outputs[:, 0], labels[:, 0], None)[2] is None

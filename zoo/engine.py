@@ -50,6 +50,7 @@ __all__ = [
     "find_checkpoint",
     "model_for",
     "num_outputs",
+    "position_mask",
     "resolve_mixed_precision",
     "unpack_batch",
 ]
@@ -153,12 +154,16 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int) -> nn.Module:
 
 
 def _sequence_length(dataset: Dataset) -> int:
-    """Input length of the split (its longest series, window or look-back), else that of its first item."""
+    """Input length of the split: its look-back, window or longest series, else its longest sequence. Never
+    the first item's: the learned position table would be stretched over every longer batch."""
     for attr in ("lookback", "window", "max_length"):
         if getattr(dataset, attr, None):
             return int(getattr(dataset, attr))
-    sample = dataset[0]
-    return len(sample["tokens"] if "tokens" in sample else sample["values"])
+    sequences = getattr(dataset, "sequences", None)
+    if sequences is not None:
+        return max(len(sequence) for sequence in sequences)
+    samples = (dataset[i] for i in range(len(dataset)))
+    return max(len(sample["tokens"] if "tokens" in sample else sample["values"]) for sample in samples)
 
 
 def _forecast_shape(dataset: Dataset) -> dict[str, Any]:
@@ -243,33 +248,46 @@ def unpack_batch(batch: Any, task: str) -> tuple[tuple[Tensor, ...], Tensor]:
     return (inputs, batch["mask"]), batch[_TARGET_KEYS[task]]
 
 
+def position_mask(inputs: tuple[Tensor, ...], task: str) -> Optional[Tensor]:
+    """The `[b, n]` input mask where the task's loss and metrics count positions (token_classification,
+    causal_lm), else None."""
+    return inputs[1] if task in _PER_POSITION else None
+
+
 def batch_loss(
-    core: nn.Module, outputs: Tensor, inputs: tuple[Tensor, ...], targets: Tensor, task: str,
+    core: nn.Module, outputs: Tensor, mask: Optional[Tensor], targets: Tensor, task: str,
     label_smoothing: float = 0.0,
 ) -> Tensor:
-    """Mean loss of a batch: `core` (the unwrapped model) is a `SequenceModel` with its own loss, or a ViT."""
+    """Mean loss of a batch: `core` (the unwrapped model) is a `SequenceModel` with its own loss, or a ViT.
+    `mask`: `position_mask` of the batch."""
     if isinstance(core, SequenceModel):
-        mask = inputs[1] if task in _PER_POSITION else None
         return core.loss(outputs, targets, mask, label_smoothing=label_smoothing)
     return nn.functional.cross_entropy(outputs.float(), targets, label_smoothing=label_smoothing)
 
 
-def _loss_units(task: str, inputs: tuple[Tensor, ...], targets: Tensor) -> int:
+def _loss_units(task: str, mask: Optional[Tensor], targets: Tensor) -> int:
     """How many terms `batch_loss` averages over: samples, target values, or kept labelled positions."""
     if task == "forecast":
         return targets.numel()
     if task == "token_classification":
-        return int(((targets != -100) & inputs[1]).sum())
+        return int(((targets != -100) & mask).sum())
     if task == "causal_lm":
-        return int(inputs[1][:, 1:].sum())
+        return int(mask[:, 1:].sum())
     return targets.shape[0]
 
 
-def _gather(accelerator: Accelerator, tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """Every process's batch (no sample twice); 1-D batches are first padded to one length across processes."""
-    if accelerator.num_processes > 1:
-        tensors = tuple(accelerator.pad_across_processes(t, dim=1) if t.dim() > 1 else t for t in tensors)
-    return accelerator.gather_for_metrics(tensors)
+def _gather(
+    accelerator: Accelerator, outputs: Tensor, targets: Tensor, mask: Optional[Tensor]
+) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Every process's outputs, targets and position mask (no sample twice): only what the loss and metrics
+    read, never the inputs. Per-position batches are first padded to one length across processes, the padding
+    masked out."""
+    tensors = (outputs, targets) if mask is None else (outputs, targets, mask)
+    if accelerator.num_processes > 1 and mask is not None:
+        # pad_across_processes pads with zeros through an addition, which turns a bool mask into int64
+        tensors = tuple(accelerator.pad_across_processes(t, dim=1) for t in tensors)
+    gathered = accelerator.gather_for_metrics(tensors)
+    return gathered[0], gathered[1], None if mask is None else gathered[2].bool()
 
 
 @torch.no_grad()
@@ -290,12 +308,13 @@ def evaluate(
         inputs, targets = unpack_batch(batch, task)
         with accelerator.autocast():
             outputs = model(*inputs)
-        outputs, targets, *inputs = _gather(accelerator, (outputs.float(), targets, *inputs))
-        batch_units = _loss_units(task, tuple(inputs), targets)
-        loss_sum += batch_loss(core, outputs, tuple(inputs), targets, task) * batch_units
+        outputs, targets, mask = _gather(accelerator, outputs.float(), targets, position_mask(inputs, task))
+        batch_units = _loss_units(task, mask, targets)
+        if batch_units:
+            loss_sum += batch_loss(core, outputs, mask, targets, task) * batch_units
         units += batch_units
         count += targets.shape[0]
-        metrics.update(*task_inputs(task, outputs, targets, inputs[1] if len(inputs) > 1 else None))
+        metrics.update(*task_inputs(task, outputs, targets, mask))
     result = {"loss": float(loss_sum) / max(units, 1), "samples": count}
     return {**result, **metrics_to_python(metrics.compute())}
 
@@ -477,7 +496,8 @@ class Trainer:
         with acc.accumulate(self.model):
             with acc.autocast():
                 outputs = self.model(*inputs)
-                loss = batch_loss(acc.unwrap_model(self.model), outputs, inputs, targets, self.recipe.task,
+                task = self.recipe.task
+                loss = batch_loss(acc.unwrap_model(self.model), outputs, position_mask(inputs, task), targets, task,
                                   cfg.label_smoothing)
                 loss = loss + auxiliary_loss(self.model)
             acc.backward(loss)

@@ -30,6 +30,7 @@ __all__ = [
     "CLASSIFICATION_METRICS",
     "IGNORE_INDEX",
     "METRICS",
+    "DEFAULT_METRICS",
     "TASK_METRICS",
     "build_metrics",
     "metrics_to_python",
@@ -46,6 +47,13 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "causal_lm": ("perplexity", "top1"),
 }
 METRICS = tuple(dict.fromkeys(name for names in TASK_METRICS.values() for name in names))
+# what a recipe that names no metrics reports for its task
+DEFAULT_METRICS: dict[str, tuple[str, ...]] = {
+    "classification": ("top1", "top5", "f1"),
+    "token_classification": ("top1", "f1", "mcc"),
+    "forecast": ("mse", "mae"),
+    "causal_lm": ("perplexity", "top1"),
+}
 # the validation metric that picks the best checkpoint, and whether higher is better; -loss when not computed
 _SELECTION = {
     "classification": ("top1", True),

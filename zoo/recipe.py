@@ -43,7 +43,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from .data import DATASET_DOMAINS, DATASET_TASKS, DATASETS
-from .metrics import METRICS, TASK_METRICS
+from .metrics import DEFAULT_METRICS, METRICS, TASK_METRICS
 from .models.sequence import INPUTS, POSITIONS, TASK_INPUTS, TASKS
 
 __all__ = [
@@ -360,7 +360,8 @@ class Recipe:
     # what the model learns; the dataset must serve it (zoo.data.DATASET_TASKS)
     task: Literal[TASKS] = "classification"
     # the task's metrics (zoo.metrics.TASK_METRICS): classification top1 (accuracy), top5, f1 (macro), confusion,
-    # mcc, auroc; token_classification the same per position; forecast mse, mae; causal_lm perplexity, top1
+    # mcc, auroc; token_classification the same per position; forecast mse, mae; causal_lm perplexity, top1.
+    # Left out: the task's DEFAULT_METRICS (this default is classification's).
     metrics: list[Literal[METRICS]] = field(default_factory=lambda: ["top1", "top5", "f1"], metadata={"unique": True})
     output_dir: Optional[str] = None
 
@@ -566,6 +567,10 @@ def _source_of(key: str | None, origins: Mapping[str, str], default: str) -> str
 
 
 def _build_recipe(tree: Mapping, origins: Mapping[str, str], default_source: str) -> Recipe:
+    task = tree.get("task", "classification")
+    if "metrics" not in tree and isinstance(task, str) and task in DEFAULT_METRICS:
+        # the task's own default, not classification's
+        tree = {**tree, "metrics": list(DEFAULT_METRICS[task])}
     try:
         return _build(Recipe, tree, "")
     except RecipeError as err:
