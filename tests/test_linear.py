@@ -185,3 +185,21 @@ def test_fused_module_gradients_equal_the_unfused_module():
     torch.testing.assert_close(out, expected)
     for actual, reference in zip(got, grads(expected, (x, *attention.parameters()))):
         torch.testing.assert_close(actual, reference)
+
+
+def test_fused_kernel_refuses_double_backward_and_the_causal_path_supports_it():
+    torch.manual_seed(0)
+    attention = zoo.create_attention("linear", dim=32, num_heads=2).double()
+    x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(attention(x).square().sum(), x)
+    assert grad.shape == x.shape
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(attention(x).square().sum(), x, create_graph=True)
+    assert torch.autograd.gradgradcheck(lambda x: attention(x, is_causal=True), (x,))
+
+
+def test_keys_longer_than_queries_take_the_reference_path():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 37, 8, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 60, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    torch.testing.assert_close(linear_attention(q, k, v), linear_attention(q, k, v, fused=False))

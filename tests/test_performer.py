@@ -425,3 +425,13 @@ def test_no_redraws_when_the_interval_is_zero():
     for _ in range(5):
         on_optimizer_step(attention)
     assert torch.equal(attention.random_features, initial)
+
+
+def test_fused_favor_refuses_double_backward_and_keys_longer_than_queries_take_the_reference_path():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 37, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 60, 8, generator=generator, dtype=torch.float64) for _ in range(2))
+    projection = torch.randn(16, 8, generator=generator, dtype=torch.float64)
+    torch.testing.assert_close(favor_attention(q, k, v, projection), favor_attention(q, k, v, projection, fused=False))
+    with pytest.raises(RuntimeError, match="no double backward"):
+        torch.autograd.grad(favor_attention(q, q, q, projection).square().sum(), q, create_graph=True)

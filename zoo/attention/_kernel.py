@@ -13,13 +13,14 @@ Letter legend: b - batch, h - heads, n - query length, m - key length, d - value
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 from einops import rearrange
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ._common import pad_to_multiple
 
@@ -295,6 +296,23 @@ class Workspace:
         return self.buffer[: math.prod(shape)].view(shape)
 
 
+def first_order_only(backward: Callable) -> Callable:
+    """Decorates a hand-written `backward` that implements no second-order terms: under `create_graph=True`
+    it raises instead of returning gradients that silently lack them (`once_differentiable`'s guard never fires
+    when the forward's inputs reach it detached, as here). Otherwise autograd already runs it without grad."""
+
+    @functools.wraps(backward)
+    def guarded(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{type(ctx).__name__.removesuffix('Backward')} has no double backward (create_graph=True); "
+                "use the reference path (fused=False)"
+            )
+        return backward(ctx, *grads)
+
+    return guarded
+
+
 class SplitHeads(torch.autograd.Function):
     """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
 
@@ -310,8 +328,8 @@ class SplitHeads(torch.autograd.Function):
         return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads: Optional[Tensor]):
+        # made of differentiable ops, so double backward works through it
         b, n, _, h, d = ctx.shape
         base = grads[0]._base if grads[0] is not None else None
         if (

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ._blocks import check_int
 from ._common import AttentionBase, masked_fill_keys
@@ -23,6 +22,7 @@ from ._kernel import (
     SplitHeads,
     Workspace,
     blocks,
+    first_order_only,
     kernel_attention,
     rows_of,
     span,
@@ -52,7 +52,8 @@ def linear_attention(
     Non-causal with `fused=True` (default): `_FusedLinear`, in row blocks with the features recomputed in
     backward (no `[n, d]` intermediate is ever stored); otherwise, and causally, through `kernel_attention`.
     """
-    if fused and not is_causal:
+    # the fused kernel walks keys and queries in the same row blocks: equal lengths only
+    if fused and not is_causal and k.shape[-2] == q.shape[-2]:
         out_dtype = v.dtype
         with torch.autocast(v.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
@@ -110,7 +111,7 @@ class _FusedLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_out: Tensor):
         q, k, v, mask, state, out, den = ctx.saved_tensors
         block = ctx.block

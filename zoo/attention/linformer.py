@@ -20,9 +20,9 @@ from typing import Literal, Optional
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from ._common import AttentionBase, masked_fill_keys
+from ._kernel import first_order_only
 from ._registry import register_attention
 from .softmax import softmax_attention
 
@@ -141,7 +141,7 @@ class _BlockedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_out: Tensor):
         q, k, v, keep, out, lse = ctx.saved_tensors
         wq, wk = ctx.blocks

@@ -16,7 +16,6 @@ from typing import Literal, Optional
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ._common import AttentionBase
 from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
@@ -26,6 +25,7 @@ from ._kernel import (
     SplitHeads,
     Workspace,
     blocks,
+    first_order_only,
     kernel_attention,
     rows_of,
     span,
@@ -69,7 +69,8 @@ def favor_attention(
     with torch.autocast(v.device.type, enabled=False):
         dtype = torch.promote_types(v.dtype, torch.float32)
         q, k, v, projection = q.to(dtype), k.to(dtype), v.to(dtype), projection.to(dtype)
-        if fused and kernel == "softmax" and not is_causal:
+        # the fused kernel walks keys and queries in the same row blocks: equal lengths only
+        if fused and kernel == "softmax" and not is_causal and k.shape[-2] == q.shape[-2]:
             return _FusedFavor.apply(q, k, v, projection, mask, eps).to(out_dtype)
         phi_q, phi_k, key_log_scale = favor_features(q, k, projection, mask, is_causal, kernel=kernel, eps=eps)
         out = kernel_attention(
@@ -166,7 +167,7 @@ class _FusedFavor(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @first_order_only
     def backward(ctx, grad_out: Tensor):
         q, k, v, weight_t, mask, state, running_max, out, den, half_sq, query_offset = ctx.saved_tensors
         floor, block = ctx.floor, ctx.block
