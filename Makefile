@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install data-deps quickstart test lint bench-cpu clean
+.PHONY: install data-deps quickstart test lint bench-cpu bench-gpu clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -42,6 +42,13 @@ bench-cpu: $(STAMP)
 		--out benchmarks/cpu
 	$(PY) tools/benchmark.py --device cpu --threads 2 --variants $(QUADRATIC) --lengths 1024 4096 16384 \
 		--out benchmarks/cpu --merge
+
+# The GPU sweep for benchmarks/<gpu name> (bf16; the crossover against SDPA's flash kernel), for a session with a
+# GPU; not yet run on one.
+bench-gpu: $(STAMP)
+	$(PY) -m pip install -q $(PEER_PACKAGES)
+	$(PY) tools/benchmark.py --device cuda --dtype bf16 --peers --option nystrom.num_landmarks=256 \
+		--lengths 1024 2048 4096 8192 16384 65536 131072
 
 lint: $(STAMP)
 	$(PY) -m ruff check zoo tools tests
