@@ -374,3 +374,25 @@ def with_ones_into(v: Tensor, workspace: Workspace) -> Tensor:
     values[..., :-1] = v
     values[..., -1] = 1.0
     return values
+
+
+def normalise_into(numden: Tensor, out: Tensor, den: Tensor) -> None:
+    """`numden: [b, h, w, d + 1]` (numerators, then the normaliser) -> `out` `[b, h, w, d]` = num / max(den, eps)
+    and `den` `[b, h, w]` = the normaliser, both written in place (views of the caller's full buffers)."""
+    den.copy_(numden[..., -1])
+    torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out)
+
+
+def normalise_backward_into(grad_out: Tensor, out: Tensor, den: Tensor, workspace: Workspace) -> Tensor:
+    """The gradient of `normalise_into` w.r.t. `numden`, in `workspace`: grad_out, out `[b, h, w, d]`, den
+    `[b, h, w]` -> `[b h, w, d + 1]`.
+
+    out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
+    """
+    b, h, w, d = out.shape
+    den = den[..., None]
+    grad_numden = workspace.view(b, h, w, d + 1)
+    grad_numden[..., :d] = grad_out
+    grad_den = (grad_out * out).sum(-1, keepdim=True).neg_()
+    grad_numden[..., d:] = grad_den.masked_fill_(den < DENOMINATOR_EPS, 0.0)
+    return grad_numden.div_(den.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)

@@ -17,13 +17,14 @@ from ._blocks import check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._features import elu_feature_map
 from ._kernel import (
-    DENOMINATOR_EPS,
     KernelStepMixin,
     SplitHeads,
     Workspace,
     blocks,
     first_order_only,
     kernel_attention,
+    normalise_backward_into,
+    normalise_into,
     rows_of,
     span,
     with_ones_into,
@@ -106,8 +107,7 @@ class _FusedLinear(torch.autograd.Function):
             w = span(rows)
             phi = _features(q[:, :, rows], features_ws).flatten(0, 1)
             numden = torch.bmm(phi, state.transpose(1, 2), out=values_ws.view(b * h, w, d + 1)).unflatten(0, (b, h))
-            den[:, :, rows] = numden[..., -1]
-            torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out[:, :, rows])
+            normalise_into(numden, out[:, :, rows], den[:, :, rows])
         ctx.save_for_backward(q, k, v, mask, state, out, den)
         ctx.block = block
         return out
@@ -132,13 +132,7 @@ class _FusedLinear(torch.autograd.Function):
         for rows in blocks(n, block):
             w = span(rows)
             phi = _features(q[:, :, rows], features_ws).flatten(0, 1)
-            # out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
-            den_rows = den[:, :, rows, None]
-            grad_numden = values_ws.view(b, h, w, d + 1)
-            grad_numden[..., :d] = grad_out[:, :, rows]
-            grad_den = (grad_out[:, :, rows] * out[:, :, rows]).sum(-1, keepdim=True).neg_()
-            grad_numden[..., d:] = grad_den.masked_fill_(den_rows < DENOMINATOR_EPS, 0.0)
-            grad_numden = grad_numden.div_(den_rows.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)
+            grad_numden = normalise_backward_into(grad_out[:, :, rows], out[:, :, rows], den[:, :, rows], values_ws)
             grad_state.baddbmm_(grad_numden.transpose(1, 2), phi)
             # Through phi = elu + 1: its derivative is 1 above zero and exp(x) = phi below, i.e. min(phi, 1).
             grad_phi = torch.bmm(grad_numden, state, out=grad_features_ws.view(b * h, w, r))

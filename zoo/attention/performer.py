@@ -20,13 +20,14 @@ from torch import Tensor
 from ._common import AttentionBase
 from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
 from ._kernel import (
-    DENOMINATOR_EPS,
     KernelStepMixin,
     SplitHeads,
     Workspace,
     blocks,
     first_order_only,
     kernel_attention,
+    normalise_backward_into,
+    normalise_into,
     rows_of,
     span,
     with_ones_into,
@@ -160,8 +161,7 @@ class _FusedFavor(torch.autograd.Function):
             numden = values_ws.view(b * h, span(rows), d + 1)
             torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2), out=numden)
             numden = numden.unflatten(0, (b, h))
-            den[:, :, rows] = numden[..., -1]
-            torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out[:, :, rows])
+            normalise_into(numden, out[:, :, rows], den[:, :, rows])
         ctx.save_for_backward(q, k, v, weight_t, mask, state, running_max, out, den, half_sq, query_offset)
         ctx.floor, ctx.block = floor, block
         return out
@@ -186,13 +186,7 @@ class _FusedFavor(torch.autograd.Function):
             w = span(rows)
             features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, w, r))
             features = features.sub_(query_offset[:, :, rows]).exp_().flatten(0, 1)
-            # out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
-            den_rows = den[:, :, rows, None]
-            grad_numden = values_ws.view(b, h, w, d + 1)
-            grad_numden[..., :d] = grad_out[:, :, rows]
-            grad_den = (grad_out[:, :, rows] * out[:, :, rows]).sum(-1, keepdim=True).neg_()
-            grad_numden[..., d:] = grad_den.masked_fill_(den_rows < DENOMINATOR_EPS, 0.0)
-            grad_numden = grad_numden.div_(den_rows.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)
+            grad_numden = normalise_backward_into(grad_out[:, :, rows], out[:, :, rows], den[:, :, rows], values_ws)
             grad_state.baddbmm_(grad_numden.transpose(1, 2), features)
             grad_sum.add_(grad_numden.sum(1).unsqueeze(-1))
             # Through exp (the row max is a constant) and the projection.
