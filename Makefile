@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install data-deps quickstart test lint bench-cpu bench-gpu clean
+.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,14 +30,18 @@ data-deps: $(STAMP)
 test: $(STAMP) data-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The CPU sweep behind benchmarks/cpu (about 40 minutes on 2 cores): every variant and the peer packages at the
-# targets' settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K.
-# The peers are comparators only, installed here, never dependencies of zoo.
-PEER_PACKAGES := performer-pytorch linformer nystrom-attention local-attention reformer-pytorch
+# The peer packages (zoo.benchmark.PEERS) are comparators only, installed for the sweeps, never dependencies of
+# zoo; every sweep times them at the speed targets' settings (Nystrom with their 256 landmarks).
+PEER_SWEEP := --peers --option nystrom.num_landmarks=256
 QUADRATIC := softmax softmax1 synthesizer
-bench-cpu: $(STAMP)
-	$(PY) -m pip install -q $(PEER_PACKAGES)
-	$(PY) tools/benchmark.py --device cpu --threads 2 --peers --option nystrom.num_landmarks=256 \
+
+bench-peers: $(STAMP)
+	$(PY) -m pip install -q $(shell $(PY) -c "from zoo.benchmark import PEERS; print(*PEERS)")
+
+# The CPU sweep behind benchmarks/cpu (about 40 minutes on 2 cores): every variant and the peers at the targets'
+# settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K.
+bench-cpu: bench-peers
+	$(PY) tools/benchmark.py --device cpu --threads 2 $(PEER_SWEEP) \
 		--variants projections $(filter-out $(QUADRATIC),$(shell $(PY) -c "import zoo; print(*zoo.list_attentions())")) \
 		--out benchmarks/cpu
 	$(PY) tools/benchmark.py --device cpu --threads 2 --variants $(QUADRATIC) --lengths 1024 4096 16384 \
@@ -45,10 +49,8 @@ bench-cpu: $(STAMP)
 
 # The GPU sweep for benchmarks/<gpu name> (bf16; the crossover against SDPA's flash kernel), for a session with a
 # GPU; not yet run on one.
-bench-gpu: $(STAMP)
-	$(PY) -m pip install -q $(PEER_PACKAGES)
-	$(PY) tools/benchmark.py --device cuda --dtype bf16 --peers --option nystrom.num_landmarks=256 \
-		--lengths 1024 2048 4096 8192 16384 65536 131072
+bench-gpu: bench-peers
+	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
 
 lint: $(STAMP)
 	$(PY) -m ruff check zoo tools tests
