@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import zoo
+from zoo.attention import gau
 from zoo.attention.gau import (
     GatedAttentionUnit,
     mixed_chunk_attention,
@@ -31,7 +32,10 @@ def padding(n: int = N) -> torch.Tensor:
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize(("n", "group_size"), [(37, 8), (32, 8), (37, 64), (37, 1)])
 @pytest.mark.parametrize("masked", [False, True])
-def test_mixed_chunk_equals_dense_reference(is_causal, n, group_size, masked):
+@pytest.mark.parametrize("one_chunk_per_pass", [False, True])
+def test_mixed_chunk_equals_dense_reference(monkeypatch, is_causal, n, group_size, masked, one_chunk_per_pass):
+    if one_chunk_per_pass:
+        monkeypatch.setattr(gau, "_PASS_BYTES", 1)
     inputs = qkv_inputs(n)
     options = {"mask": padding(n) if masked else None, "is_causal": is_causal, "group_size": group_size}
     fast = mixed_chunk_attention(*inputs, **options)

@@ -183,9 +183,14 @@ def test_block_gathers_gradients():
 
 # The CPU flash-parts path (no padding mask, no dropout): by default it takes blocks of 64 or more; the fixture
 # lets it take the small blocks above, so that the naive references cover every part it cuts.
-@pytest.fixture
-def flash_everywhere(monkeypatch):
+# The second parametrisation cuts every previous-block part as a flipped causal part (the default: a masked one)
+# and every kernel call down to one group.
+@pytest.fixture(params=[False, True], ids=["default", "flipped-pieces"])
+def flash_everywhere(monkeypatch, request):
     monkeypatch.setattr(_blocks, "FLASH_MIN_BLOCK", 1)
+    if request.param:
+        monkeypatch.setattr(_blocks, "FLASH_KEY_TILE", 1)
+        monkeypatch.setattr(_blocks, "PIECE_BYTES", 1)
 
 
 def assert_flash_matches_reference(fast, n, allowed):
@@ -238,19 +243,21 @@ def test_bigbird_flash_parts_match_naive_reference(flash_everywhere, n, block_si
     assert_flash_matches_reference(fast, n, allowed)
 
 
-def test_flash_parts_gradients():
-    """Every kind of part, in float64: overlapping and flipped causal groups, a mask, shared extra keys, gathered
-    blocks, dense logits, and a batch of two leading dims."""
+@pytest.mark.parametrize("piece_bytes", [_blocks.PIECE_BYTES, 1])
+def test_flash_parts_gradients(monkeypatch, piece_bytes):
+    """Every kind of part, in float64: overlapping and flipped causal groups, a mask per group, shared extra keys,
+    gathered blocks, dense logits, and a batch of two leading dims; whole, and cut into one-group kernel calls."""
+    monkeypatch.setattr(_blocks, "PIECE_BYTES", piece_bytes)
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 1, 2, 24, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3))
     k_extra, v_extra = (torch.randn(2, 1, 2, 3, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(2))
     dense = torch.randn(2, 1, 2, 24, 2, generator=generator, dtype=torch.float64, requires_grad=True)
-    mask = _blocks.additive(torch.rand(4, 8, generator=generator) > 0.3, torch.float64)
+    mask = _blocks.additive(torch.rand(2, 1, 4, 4, generator=generator) > 0.3, torch.float64)
     parts = [
         Part(0, 6, 4, 0, 4, 4, 4, causal=True),
         Part(4, 4, 4, 0, 8, 4, 4),  # overlapping key groups
         Part(4, 5, 4, 0, 4, 4, 4, causal=True, flip=True),
-        Part(0, 1, 4, 16, 8, mask=mask),
+        Part(0, 2, 4, 16, 4, 4, 4, mask=mask),
         Part(0, 3, 8, 0, 3, 8, 0, source="extra"),
         Part(8, 2, 4, 0, 8, 4, source="gather", index=torch.tensor([[[0, 5], [3, 1]], [[5, 5], [0, 2]]]), block=4),
     ]

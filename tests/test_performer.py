@@ -130,11 +130,16 @@ def test_softmax_features_are_the_exact_features_up_to_their_offset():
         assert phi.max() <= (1 + eps) / math.sqrt(12) + 1e-12
         if mask is not None:
             assert (phi[1, :, 6:] == 0).all()
-    # Non-causal keys share one offset per (sample, head), taken over kept keys only.
+    # Non-causal keys share one offset per (sample, head): the max of w.x (the reference's, without |x|^2 / 2)
+    # over features and kept keys only.
     _, offset = softmax_kernel_features(x, projection, is_query=False, mask=keep, eps=eps)
     assert offset.shape == (2, 2, 1)
-    log_exact = (exact * math.sqrt(12)).log().amax(-1)
-    torch.testing.assert_close(offset[1, :, 0], log_exact[1, :, :6].amax(-1))
+    dash = xs @ projection.t()
+    torch.testing.assert_close(offset[1, :, 0], dash[1, :, :6].amax(-1).amax(-1))
+    # Queries: one offset per row, the max of w.x; their eps floor, at the reference's place, weighs exp(|x|^2 / 2)
+    # more than at an offset that includes it.
+    _, offset = softmax_kernel_features(x, projection, is_query=True, eps=eps)
+    torch.testing.assert_close(offset, dash.amax(-1))
 
 
 def test_softmax_features_estimate_the_softmax_kernel_without_bias():

@@ -308,6 +308,10 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 # Blocks shorter than this are left to the masked path: the kernel's tiles would be too small to pay off.
 FLASH_MIN_BLOCK = 64
+# The kernel skips the masked half of a causal part only in whole key tiles of this length (torch 2.14 CPU,
+# measured: a causal 256 x 256 part costs as much as a full one). Below it a mask is as fast as a flip and spares
+# the flip's copies of q, k, v and their gradients.
+FLASH_KEY_TILE = 512
 
 
 def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int) -> bool:
@@ -392,22 +396,73 @@ def _add_key_grad(grad: Tensor, part: Part, batch: tuple[int, ...], update: Tens
 
 
 def _gather_rows(part: Part, h: int, blocks: int) -> Tensor:
+    """Rows (head, block) of `_block_rows` that a "gather" part reads, group by group."""
     return (part.index + torch.arange(h, device=part.index.device)[:, None] * blocks).flatten()
 
 
-def _gathered(x: Tensor, batch: tuple[int, ...], part: Part) -> Tensor:
-    """`[count, h, key_length, d]`: for group i and head j, the blocks `part.index[i, j]` of x's batch element."""
-    h, d, w = x.shape[-3], x.shape[-1], part.block
-    blocks = x.shape[-2] // w
-    rows = x[batch][:, : blocks * w].reshape(h * blocks, w * d)  # a copy: rows (head, block)
-    return rows.index_select(0, _gather_rows(part, h, blocks)).view(part.count, h, part.key_length, d)
+def _block_rows(x: Tensor, batch: tuple[int, ...], block: int) -> Tensor:
+    """Batch element `batch` of `[..., h, n, d]` as contiguous rows `[(h blocks), block * d]` of its whole blocks:
+    a copy made once per pass, from which every "gather" piece reads its blocks with one `index_select`."""
+    blocks = x.shape[-2] // block
+    return x[batch][:, : blocks * block].reshape(x.shape[-3] * blocks, block * x.shape[-1])
 
 
-def _add_gathered_grad(grad: Tensor, batch: tuple[int, ...], part: Part, update: Tensor) -> None:
-    h, d, w = grad.shape[-3], grad.shape[-1], part.block
-    blocks = grad.shape[-2] // w
-    rows = update.new_zeros(h * blocks, w * d).index_add_(0, _gather_rows(part, h, blocks), update.reshape(-1, w * d))
-    grad[batch][:, : blocks * w].add_(rows.view(h, blocks * w, d))
+def _gathered(rows: Tensor, part: Part, h: int, d: int) -> Tensor:
+    """`[count, h, key_length, d]`: for group i and head j, the blocks `part.index[i, j]` out of `_block_rows`."""
+    picked = rows.index_select(0, _gather_rows(part, h, rows.shape[0] // h))
+    return picked.view(part.count, h, part.key_length, d)
+
+
+def _add_block_rows(grad: Tensor, batch: tuple[int, ...], block: int, rows: Tensor) -> None:
+    """Add gradient rows `[(h blocks), block * d]` (as `_block_rows`) into `grad`'s batch element `batch`."""
+    h, d = grad.shape[-3], grad.shape[-1]
+    grad[batch][:, : rows.shape[0] // h * block].add_(rows.view(h, -1, d))
+
+
+# Kernel calls are cut to at most this many bytes of queries: the kernel's outputs and gradients are fresh
+# tensors per call, and glibc serves blocks this small from memory it reuses, where larger ones are mapped anew
+# each time and pay a page fault per 4 KiB (measured at 64K positions: a tenth of the time, in fill_).
+PIECE_BYTES = 8 << 20
+
+
+def _pieces(parts: Sequence[Part], q: Tensor) -> list[Part]:
+    """`parts` with each cut into runs of groups small enough for `PIECE_BYTES`; a single long group without a
+    causal diagonal (global keys against every query) is cut into runs of queries instead."""
+    pieces = []
+    row_bytes = q.shape[-3] * q.shape[-1] * q.element_size()
+    for part in parts:
+        if part.count == 1 and not part.causal and part.length * row_bytes > PIECE_BYTES:
+            pieces.extend(_row_pieces(part, max(1, PIECE_BYTES // row_bytes)))
+            continue
+        size = max(1, PIECE_BYTES // (part.length * row_bytes))
+        for first in range(0, part.count, size):
+            count = min(size, part.count - first)
+            mask = part.mask
+            if mask is not None and mask.dim() == 4 and mask.shape[0] == part.count > 1:
+                mask = mask[first : first + count]
+            pieces.append(
+                dataclasses.replace(
+                    part,
+                    start=part.start + first * part.stride,
+                    key_start=part.key_start + first * part.key_stride,
+                    count=count,
+                    mask=mask,
+                    index=None if part.index is None else part.index[first : first + count],
+                )
+            )
+    return pieces
+
+
+def _row_pieces(part: Part, rows: int) -> list[Part]:
+    """A one-group part cut into runs of `rows` queries, each against the same keys."""
+    pieces = []
+    for first in range(0, part.length, rows):
+        length = min(rows, part.length - first)
+        mask = part.mask
+        if mask is not None and mask.shape[-2] == part.length > 1:
+            mask = mask[..., first : first + length, :]
+        pieces.append(dataclasses.replace(part, start=part.start + first, length=length, mask=mask))
+    return pieces
 
 
 def _flipped(x: Tensor, flip: bool) -> Tensor:
@@ -430,8 +485,9 @@ class _FlashParts(torch.autograd.Function):
         lse.fill_(-math.inf)
         results = []
         for batch in _batches(q):
-            for part in parts:
-                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra)
+            rows = {}
+            for part in _pieces(parts, q):
+                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra, rows)
                 queries = _group_view(q, batch, part.start, part.count, part.length, part.stride)
                 o, l = _flash_forward(
                     _flipped(queries, part.flip),
@@ -469,8 +525,9 @@ class _FlashParts(torch.autograd.Function):
         grad_k_extra = None if k_extra is None else torch.zeros_like(k_extra)
         grad_v_extra = None if v_extra is None else torch.zeros_like(v_extra)
         for batch in _batches(q):
-            for part in ctx.parts:
-                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra)
+            rows, grad_rows = {}, {}
+            for part in _pieces(ctx.parts, q):
+                keys, values = _part_keys(part, batch, k, v, k_extra, v_extra, rows)
 
                 def view(x: Tensor) -> Tensor:
                     return _flipped(_group_view(x, batch, part.start, part.count, part.length, part.stride), part.flip)
@@ -498,8 +555,14 @@ class _FlashParts(torch.autograd.Function):
                     grad_k_extra[batch][:, keys].add_(gk.sum(0))
                     grad_v_extra[batch][:, keys].add_(gv.sum(0))
                 else:
-                    _add_gathered_grad(grad_k, batch, part, gk)
-                    _add_gathered_grad(grad_v, batch, part, gv)
+                    if part.block not in grad_rows:
+                        grad_rows[part.block] = tuple(torch.zeros_like(x) for x in rows[part.block])
+                    index = _gather_rows(part, q.shape[-3], rows[part.block][0].shape[0] // q.shape[-3])
+                    for buffer, update in zip(grad_rows[part.block], (gk, gv)):
+                        buffer.index_add_(0, index, update.reshape(index.shape[0], -1))
+            for block, (rows_k, rows_v) in grad_rows.items():
+                _add_block_rows(grad_k, batch, block, rows_k)
+                _add_block_rows(grad_v, batch, block, rows_v)
         grad_dense = None
         if dense is not None:
             # The dense part's softmax backward, by hand: dE = P * (dP - rowsum(dO * O)).
@@ -512,7 +575,11 @@ class _FlashParts(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_k_extra, grad_v_extra, grad_dense, None, None, None
 
 
-def _part_keys(part: Part, batch, k: Tensor, v: Tensor, k_extra: Tensor | None, v_extra: Tensor | None):
+def _part_keys(
+    part: Part, batch, k: Tensor, v: Tensor, k_extra: Tensor | None, v_extra: Tensor | None, rows: dict
+) -> tuple[Tensor, Tensor]:
+    """A piece's keys and values `[count, h, key_length, d]`; `rows` caches `_block_rows` of k and v per block
+    length for the pieces of one batch element."""
     if part.source == "self":
         return tuple(_group_view(x, batch, part.key_start, part.count, part.key_length, part.key_stride) for x in (k, v))
     if part.source == "extra":
@@ -520,7 +587,9 @@ def _part_keys(part: Part, batch, k: Tensor, v: Tensor, k_extra: Tensor | None, 
             x[batch][None, :, part.key_start : part.key_start + part.key_length].expand(part.count, -1, -1, -1)
             for x in (k_extra, v_extra)
         )
-    return _gathered(k, batch, part), _gathered(v, batch, part)
+    if part.block not in rows:
+        rows[part.block] = tuple(_block_rows(x, batch, part.block) for x in (k, v))
+    return tuple(_gathered(x, part, k.shape[-3], k.shape[-1]) for x in rows[part.block])
 
 
 def parts_attention(
@@ -569,8 +638,8 @@ def band_parts(
 
     Blocks of `window` positions: each block against itself (full, or its lower triangle when causal), against
     the next block (keys up to the query's own offset: a causal part) and against the previous block (keys from
-    the query's own offset: a flipped causal part). A shorter last block gets its own parts; only its part
-    against the previous block needs a (one block) mask.
+    the query's own offset: a one-block mask, or a flipped causal part for windows the kernel can skip tiles
+    of). A shorter last block gets its own parts; its part against the previous block is masked.
     """
     w = min(window, length)
     full, tail = divmod(length, w)
@@ -581,10 +650,12 @@ def band_parts(
         parts.append(Part(0, full - 1, w, w, w, w, w, causal=True))
     if not is_causal and tail:
         parts.append(Part((full - 1) * w, 1, w, full * w, tail, causal=True))
-    if full > 1:
+    # Key v of the previous block is in the window of query u when v >= u.
+    upper = additive(torch.arange(w, device=device) >= torch.arange(w, device=device)[:, None], dtype)
+    if full > 1 and w > FLASH_KEY_TILE:
         parts.append(Part(w, full - 1, w, 0, w, w, w, causal=True, flip=True))
+    elif full > 1:
+        parts.append(Part(w, full - 1, w, 0, w, w, w, mask=upper))
     if tail:
-        rows = torch.arange(tail, device=device)[:, None]
-        allowed = torch.arange(w, device=device) >= rows  # key v of the previous block, query u: v >= u
-        parts.append(Part(full * w, 1, tail, (full - 1) * w, w, mask=additive(allowed, dtype)))
+        parts.append(Part(full * w, 1, tail, (full - 1) * w, w, mask=upper[:tail]))
     return [dataclasses.replace(part, start=part.start + shift) for part in parts] if shift else parts

@@ -138,7 +138,7 @@ class _FusedFavor(torch.autograd.Function):
         running_max = q.new_full((b, h), torch.finfo(q.dtype).min)
         for rows in blocks(n, block):
             features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
-            new_max = _key_max(features, half_sq[..., rows], rows_of(keep, rows), running_max)
+            new_max = _key_max(features, rows_of(keep, rows), running_max)
             _exp_key_features(features, half_sq[..., rows], rows_of(keep, rows), new_max)
             # Online max: rescale the state to the new running max, then add this block (relative to it).
             state.mul_(torch.exp(running_max - new_max).view(-1, 1, 1))
@@ -156,7 +156,9 @@ class _FusedFavor(torch.autograd.Function):
         query_offset = q.new_empty(b, h, n, 1)
         for rows in blocks(n, block):
             features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
+            # exp(w.q - |q|^2 / 2 - max(w.q)): the reference's offset (see `softmax_kernel_features`).
             offset = torch.add(features.amax(-1, keepdim=True), 0.5 * math.log(r), out=query_offset[:, :, rows])
+            offset.add_(_half_square(q[:, :, rows]).unsqueeze(-1))
             features.sub_(offset).exp_()
             numden = values_ws.view(b * h, span(rows), d + 1)
             torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2), out=numden)
@@ -192,7 +194,7 @@ class _FusedFavor(torch.autograd.Function):
             # Through exp (the row max is a constant) and the projection.
             grad_features = torch.bmm(grad_numden, state, out=grad_features_ws.view(b * h, w, r)).mul_(features)
             grad_rows = torch.mm(grad_features.view(-1, r), weight, out=grad_rows_ws.view(b * h * w, d))
-            grad_q[:, :, rows] = grad_rows.view(b, h, w, d)
+            grad_q[:, :, rows] = _add_half_square_grad(grad_rows.view(b, h, w, d), grad_features, q[:, :, rows])
         # The queries' floor: every output row added floor * sum_r state[:, r].
         grad_state.add_(grad_sum, alpha=floor)
         grad_state_v = grad_state[:, :d].transpose(1, 2)
@@ -208,12 +210,8 @@ class _FusedFavor(torch.autograd.Function):
             grad_v[:, :, rows] = grad_rows.view(b, h, w, d)
             values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
             grad_features = torch.bmm(values, grad_state, out=grad_features_ws.view(b * h, w, r)).mul_(features)
-            # The exponent is w.k - |k|^2 / 2 (k scaled by d^-1/4): its gradient in k is w - k / sqrt(d).
             grad_rows = torch.mm(grad_features.view(-1, r), weight, out=grad_rows_ws.view(b * h * w, d))
-            grad_rows = grad_rows.view(b, h, w, d).addcmul_(
-                grad_features.sum(-1).view(b, h, w, 1), k_rows, value=-(d**-0.5)
-            )
-            grad_k[:, :, rows] = grad_rows
+            grad_k[:, :, rows] = _add_half_square_grad(grad_rows.view(b, h, w, d), grad_features, k_rows)
         return grad_q, grad_k, grad_v, None, None, None
 
 
@@ -223,9 +221,16 @@ def _half_square(k: Tensor) -> Tensor:
     return torch.linalg.vector_norm(k, dim=-1).square_().mul_(0.5 * k.shape[-1] ** -0.5)
 
 
-def _key_max(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], running_max: Tensor) -> Tensor:
-    """The running max `[b, h]` updated with this block's kept exponents `w.k - |k|^2 / 2`."""
-    key_max = features.amax(-1).sub_(half_sq)
+def _add_half_square_grad(grad_rows: Tensor, grad_features: Tensor, x: Tensor) -> Tensor:
+    """The exponent is w.x - |x|^2 / 2 (x scaled by d^-1/4), its gradient in x w - x / sqrt(d): to the `[b, h, w, d]`
+    gradient through w, add the one through |x|^2 / 2, from the `[(b h), w, r]` gradient of the features."""
+    b, h, w, d = grad_rows.shape
+    return grad_rows.addcmul_(grad_features.sum(-1).view(b, h, w, 1), x, value=-(d**-0.5))
+
+
+def _key_max(features: Tensor, keep: Optional[Tensor], running_max: Tensor) -> Tensor:
+    """The running max `[b, h]` updated with this block's kept w.k (the reference's offset)."""
+    key_max = features.amax(-1)
     if keep is not None:
         key_max.masked_fill_(~keep, torch.finfo(key_max.dtype).min)
     return torch.maximum(running_max, key_max.amax(-1))
