@@ -189,3 +189,20 @@ def test_merge_keeps_earlier_records_and_replaces_the_remeasured(tmp_path):
     with pytest.raises(ValueError, match="cannot merge"):
         benchmark.run_sweep(["linear"], [64], tmp_path, benchmark.Settings(dim=32, heads=2, repeats=1, warmup=1),
                             isolate=False, merge=True)
+
+
+def test_flash_kernel_tiles_prints_one_row_per_block_shape(monkeypatch, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "tools" / "flash_kernel_tiles.py"
+    monkeypatch.setattr("sys.argv", [str(script), "--length", "1024", "--heads", "1", "--repeats", "1", "--threads", "1"])
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "x" in line.split("|")[1]]
+    shapes = [row.split("|")[1].strip() for row in rows[1:]]
+    assert len(shapes) == 18 and shapes[0] == "64 x 64" and shapes[-1] == "512 x 1024"
+    assert all(float(cell) > 0 for row in rows[1:] for cell in row.strip("| ").split(" | ")[2:])
