@@ -20,12 +20,13 @@ backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backwar
 SHAPES = [(64, 64), (64, 256), (64, 512), (128, 128), (128, 512), (256, 256), (256, 512), (256, 1024), (512, 1024)]
 
 
-def best_ms(step, repeats: int) -> float:
-    step()
+def best_ms(op, *args, repeats: int, **kwargs) -> float:
+    """The best time of `op(*args, **kwargs)` over `repeats` runs after one warm-up, in ms."""
+    op(*args, **kwargs)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step()
+        op(*args, **kwargs)
         times.append(time.perf_counter() - start)
     return min(times) * 1000
 
@@ -55,8 +56,8 @@ def main() -> None:
         for causal in (False, True):
             out, lse = forward_op(q, k, v, 0.0, causal, scale=d**-0.5)
             grad = torch.randn_like(out)
-            fwd = best_ms(lambda: forward_op(q, k, v, 0.0, causal, scale=d**-0.5), args.repeats)
-            bwd = best_ms(lambda: backward_op(grad, q, k, v, out, lse, 0.0, causal, scale=d**-0.5), args.repeats)
+            fwd = best_ms(forward_op, q, k, v, 0.0, causal, scale=d**-0.5, repeats=args.repeats)
+            bwd = best_ms(backward_op, grad, q, k, v, out, lse, 0.0, causal, scale=d**-0.5, repeats=args.repeats)
             print(
                 f"| {queries} x {keys} | {'yes' if causal else 'no'} | {fwd:.1f} | {bwd:.1f} | "
                 f"{flops / fwd * 1000:.0f} | {2.5 * flops / bwd * 1000:.0f} |"
