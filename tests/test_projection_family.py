@@ -8,7 +8,7 @@ from torch import nn
 import zoo
 from zoo.attention import linformer as linformer_module
 from zoo.attention.linformer import blocked_attention, linformer_attention, masked_softmax
-from zoo.attention.nystrom import iterative_pinv, nystrom_attention
+from zoo.attention.nystrom import iterative_pinv, nystrom_attention, sequence_conv
 from zoo.attention.softmax import softmax_attention
 from zoo.attention.softmax1 import softmax1_attention
 
@@ -372,3 +372,20 @@ def test_blocked_attention_equals_masked_softmax_with_gradients(masked, monkeypa
         torch.testing.assert_close(out, expected)
         for g, w in zip(grads(out, q, k, v), grads(expected, q, k, v)):
             torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("n,taps", [(1, 3), (37, 5), (64, 33), (200, 33), (130, 1)])
+def test_sequence_conv_equals_the_depthwise_conv2d(n, taps):
+    """The Toeplitz-block convolution is nn.Conv2d(h, h, (t, 1), groups=h) with zero padding: values and the
+    gradients of the input and the taps, for lengths shorter than, equal to and not a multiple of a block."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 3, (taps, 1), padding=(taps // 2, 0), groups=3, bias=False).double()
+    x = torch.randn(2, 3, n, 4, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 3, n, 4, dtype=torch.float64)
+    want = conv(x)
+    got = sequence_conv(x, conv.weight[:, 0, :, 0])
+    torch.testing.assert_close(got, want)
+    grads_want = torch.autograd.grad(want, (x, conv.weight), grad)
+    grads_got = torch.autograd.grad(got, (x, conv.weight), grad)
+    for a, b in zip(grads_got, grads_want):
+        torch.testing.assert_close(a, b)
