@@ -413,6 +413,18 @@ def _gathered(rows: Tensor, part: Part, h: int, d: int) -> Tensor:
     return picked.view(part.count, h, part.key_length, d)
 
 
+def _add_gathered_grads(grad_rows: dict, rows: tuple[Tensor, ...], part: Part, updates: tuple[Tensor, ...]) -> None:
+    """The backward of `_gathered`: add a "gather" piece's key and value gradients `[count, h, key_length, d]`
+    into the rows they were read from, buffers shaped like `rows` (k's and v's `_block_rows`) kept in
+    `grad_rows` per block length until `_add_block_rows` writes them back once per batch element."""
+    if part.block not in grad_rows:
+        grad_rows[part.block] = tuple(torch.zeros_like(x) for x in rows)
+    h = updates[0].shape[1]
+    index = _gather_rows(part, h, rows[0].shape[0] // h)
+    for buffer, update in zip(grad_rows[part.block], updates):
+        buffer.index_add_(0, index, update.reshape(index.shape[0], -1))
+
+
 def _add_block_rows(grad: Tensor, batch: tuple[int, ...], block: int, rows: Tensor) -> None:
     """Add gradient rows `[(h blocks), block * d]` (as `_block_rows`) into `grad`'s batch element `batch`."""
     h, d = grad.shape[-3], grad.shape[-1]
@@ -555,11 +567,7 @@ class _FlashParts(torch.autograd.Function):
                     grad_k_extra[batch][:, keys].add_(gk.sum(0))
                     grad_v_extra[batch][:, keys].add_(gv.sum(0))
                 else:
-                    if part.block not in grad_rows:
-                        grad_rows[part.block] = tuple(torch.zeros_like(x) for x in rows[part.block])
-                    index = _gather_rows(part, q.shape[-3], rows[part.block][0].shape[0] // q.shape[-3])
-                    for buffer, update in zip(grad_rows[part.block], (gk, gv)):
-                        buffer.index_add_(0, index, update.reshape(index.shape[0], -1))
+                    _add_gathered_grads(grad_rows, rows[part.block], part, (gk, gv))
             for block, (rows_k, rows_v) in grad_rows.items():
                 _add_block_rows(grad_k, batch, block, rows_k)
                 _add_block_rows(grad_v, batch, block, rows_v)

@@ -128,7 +128,7 @@ def sequence_conv(x: Tensor, taps: Tensor) -> Tensor:
     `_CONV_BLOCK` rows with its `[w, w + t - 1]` Toeplitz band: on CPU about 1.5x faster than mkldnn's depthwise
     convolution forward and backward (0.20 vs 0.30 s at 16K x 8 x 64 with t = 33).
     """
-    b, h, n, d = x.shape
+    h, n = x.shape[1:3]
     t, w = taps.shape[-1], _CONV_BLOCK
     blocks = -(-n // w)
     padded = F.pad(x, (0, 0, t // 2, blocks * w - n + t // 2))
@@ -170,6 +170,7 @@ class NystromAttention(AttentionBase):
         self.conv_kernel_size = conv_kernel_size or None
         self.conv = None
         if self.conv_kernel_size:
+            # Holds the taps under the paper code's name and shape; `sequence_conv` applies them (faster on CPU).
             self.conv = nn.Conv2d(
                 num_heads,
                 num_heads,

@@ -215,10 +215,10 @@ class _FusedFavor(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None
 
 
-def _half_square(k: Tensor) -> Tensor:
-    """`|k|^2 / 2` of the normalised keys (k d^-1/4), `[b, h, n]`."""
+def _half_square(x: Tensor) -> Tensor:
+    """`|x|^2 / 2` of the normalised queries or keys (x d^-1/4), `[b, h, n]`."""
     # vector_norm reduces in one pass; square().sum() would first write a [b, h, n, d] tensor.
-    return torch.linalg.vector_norm(k, dim=-1).square_().mul_(0.5 * k.shape[-1] ** -0.5)
+    return torch.linalg.vector_norm(x, dim=-1).square_().mul_(0.5 * x.shape[-1] ** -0.5)
 
 
 def _add_half_square_grad(grad_rows: Tensor, grad_features: Tensor, x: Tensor) -> Tensor:
