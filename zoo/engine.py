@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import shutil
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -461,7 +462,9 @@ class Trainer:
         skip = self.state.batch_in_epoch
         loader = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
         bar = tqdm(total=self.steps_per_epoch, initial=skip // cfg.grad_accum_steps, disable=not self.is_main,
-                   desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}", dynamic_ncols=True)
+                   desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}", dynamic_ncols=True,
+                   # redirected to a log (CI, a cluster job), a line per 30 s instead of a carriage return per step
+                   mininterval=0.1 if sys.stderr.isatty() else 30.0)
         loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
         for batch in loader:
             inputs, targets = unpack_batch(batch, self.recipe.task)
@@ -478,7 +481,7 @@ class Trainer:
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}")
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}", refresh=False)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
