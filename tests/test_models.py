@@ -98,3 +98,37 @@ def test_offline_hub_loading_says_how_to_load_from_a_file():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "pretrained_file=" in result.stderr
+
+
+def _without_network(tmp_path, **extra) -> dict[str, str]:
+    """An environment where the hub's host never resolves (.invalid) and the cache is `tmp_path`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    return {**env, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "https://hub.invalid", **extra}
+
+
+def test_unreachable_hub_fails_at_once_with_the_file_route(tmp_path):
+    # Left to itself the hub client retries for about 50 s, printing "Retrying in ...", before it gives up.
+    code = "import zoo; zoo.create_model('vit_tiny_patch16_224', pretrained=True)"
+    result = subprocess.run([sys.executable, "-c", code], env=_without_network(tmp_path),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "the hub is not reachable" in result.stderr and "pretrained_file=" in result.stderr
+    assert "Retrying" not in result.stderr
+
+
+def test_unreachable_hub_loads_a_cached_checkpoint_at_once(tmp_path):
+    # The hub's layout of a cached timm checkpoint: offline mode must still find it.
+    repo = timm.create_model("vit_tiny_patch16_224").pretrained_cfg["hf_hub_id"]
+    snapshot = tmp_path / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    stock = timm.create_model("vit_tiny_patch16_224")
+    save_file(stock.state_dict(), snapshot / "model.safetensors")
+    env = _without_network(tmp_path, OUT=str(tmp_path / "loaded.pt"))
+    code = ("import os, torch, zoo; m = zoo.create_model('vit_tiny_patch16_224', attention='linear', pretrained=True); "
+            "torch.save(m.state_dict()['blocks.0.attn.qkv.weight'], os.environ['OUT'])")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Retrying" not in result.stderr
+    torch.testing.assert_close(torch.load(tmp_path / "loaded.pt"), stock.state_dict()["blocks.0.attn.qkv.weight"])

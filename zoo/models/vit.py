@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+from unittest import mock
+from urllib.parse import urlsplit
 
 import timm
 import torch
@@ -199,13 +203,37 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> LoadReport:
     return load_state_dict_into(model, _read_state_dict(path), str(path))
 
 
-def _load_from_hub(model: VisionTransformer, base: str, timm_kwargs: dict[str, Any]) -> LoadReport:
-    kwargs = {k: timm_kwargs[k] for k in ("num_classes", "in_chans", "img_size") if k in timm_kwargs}
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def _hub_unreachable(timeout: float = 3.0) -> bool:
+    """True when no TCP connection to the hub opens within `timeout` s (never asserted behind a proxy)."""
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return False
+    endpoint = urlsplit(constants.ENDPOINT)
     try:
-        stock = timm.create_model(base, pretrained=True, **kwargs)
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+    except OSError:
+        return True
+    return False
+
+
+def _load_from_hub(model: VisionTransformer, base: str, timm_kwargs: dict[str, Any]) -> LoadReport:
+    from huggingface_hub import constants
+
+    kwargs = {k: timm_kwargs[k] for k in ("num_classes", "in_chans", "img_size") if k in timm_kwargs}
+    # Without a network the hub client retries for about 50 s before failing; in its offline mode a cached
+    # checkpoint still loads and a missing one fails at once.
+    offline = constants.HF_HUB_OFFLINE or _hub_unreachable()
+    try:
+        with mock.patch.object(constants, "HF_HUB_OFFLINE", offline):
+            stock = timm.create_model(base, pretrained=True, **kwargs)
     except Exception as error:  # the hub raises several unrelated types when offline
         raise RuntimeError(
-            f"could not fetch pretrained weights for {base!r} from the Hugging Face hub ({type(error).__name__}). "
+            f"could not fetch pretrained weights for {base!r} from the Hugging Face hub ({type(error).__name__}"
+            f"{', the hub is not reachable' if offline else ''}). "
             f"Offline, download the timm checkpoint elsewhere and pass it as a file: "
             f"create_model(..., pretrained_file='model.safetensors') or model.pretrained_file in a recipe"
         ) from None
