@@ -206,15 +206,40 @@ def test_metrics_entries():
 
 
 def test_free_form_options():
-    options = {"nb_features": 64, "kernel": {"name": "relu", "eps": 1e-6}, "sizes": [1, 2]}
-    recipe = recipe_from_dict({"name": "x", "model": {"attention": {"name": "performer", "options": options}}})
+    options = {"window": 64, "global_indices": [0, 5]}
+    recipe = recipe_from_dict({"name": "x", "model": {"attention": {"name": "longformer", "options": options}}})
     assert recipe.model.attention.options == options
-    options["sizes"].append(3)
-    assert recipe.model.attention.options["sizes"] == [1, 2]
+    options["global_indices"].append(3)
+    assert recipe.model.attention.options["global_indices"] == [0, 5]
     message = error_of({"name": "x", "model": {"timm_kwargs": {1: "a"}}})
     assert message == "<dict>: model.timm_kwargs: expected a string as key, got 1"
     message = error_of({"name": "x", "model": {"timm_kwargs": {"act_layer": object}}})
     assert message.startswith("<dict>: model.timm_kwargs.act_layer: expected plain YAML data")
+
+
+def test_attention_name_and_options_are_checked_against_the_variant():
+    def attention_error(name, **options):
+        return error_of({"name": "x", "model": {"attention": {"name": name, "options": options}}})
+
+    assert attention_error("performr").startswith(
+        "<dict>: model.attention.name: unknown attention 'performr' (did you mean 'performer', 'reformer'?); known: "
+    )
+    assert attention_error("performer", nb_featres=4).startswith(
+        "<dict>: model.attention.options.nb_featres: unknown option of 'performer' (did you mean 'nb_features'?); "
+        "allowed: nb_features, kernel,"
+    )
+    assert attention_error("performer", nb_features="abc") == (
+        "<dict>: model.attention.options.nb_features: expected an integer, got 'abc'"
+    )
+    assert attention_error("performer", kernel="exp") == (
+        "<dict>: model.attention.options.kernel: expected one of 'softmax', 'relu', got 'exp'"
+    )
+    assert attention_error("nystrom", conv_kernel_size=1.5) == (
+        "<dict>: model.attention.options.conv_kernel_size: expected an integer or null, got 1.5"
+    )
+    options = {"eps": 0, "fused": False, "projection": "hadamard"}
+    recipe = recipe_from_dict({"name": "x", "model": {"attention": {"name": "performer", "options": options}}})
+    assert recipe.model.attention.options == options
 
 
 def test_cross_field_checks():
@@ -291,7 +316,7 @@ def inherited(tmp_path):
     write(
         tmp_path / "parts" / "root.yaml",
         "name: root\ndescription: shared\nmetrics: [top1, top5, f1, confusion]\n"
-        "model:\n  depth: 4\n  attention:\n    name: performer\n    options: {nb_features: 32, redraw: 100}\n"
+        "model:\n  depth: 4\n  attention:\n    name: performer\n    options: {nb_features: 32, redraw_interval: 100}\n"
         "optim:\n  betas: [0.8, 0.9]\n",
     )
     write(
@@ -312,7 +337,7 @@ def test_base_inheritance(inherited):
     assert recipe.metrics == ["top1"] and recipe.optim.betas == [0.9, 0.95]
     # mappings merge at every depth
     assert recipe.model.depth == 2 and recipe.model.embed_dim == 192
-    assert recipe.model.attention == AttentionConfig(name="performer", options={"nb_features": 64, "redraw": 100})
+    assert recipe.model.attention == AttentionConfig(name="performer", options={"nb_features": 64, "redraw_interval": 100})
     assert recipe.train.epochs == 5
 
 
@@ -376,7 +401,7 @@ def test_overrides(inherited):
         [
             "train.epochs=3",
             "model.attention.options.nb_features=128",
-            "model.attention.name=linear",
+            "model.attention.options.projection=hadamard",
             "optim.lr=1e-4",
             "train.mixed_precision=no",
             "metrics=[top5, f1]",
@@ -385,7 +410,8 @@ def test_overrides(inherited):
         ],
     )
     assert recipe.train.epochs == 3 and recipe.train.max_steps is None
-    assert recipe.model.attention == AttentionConfig(name="linear", options={"nb_features": 128, "redraw": 100})
+    options = {"nb_features": 128, "redraw_interval": 100, "projection": "hadamard"}
+    assert recipe.model.attention == AttentionConfig(name="performer", options=options)
     assert recipe.optim.lr == pytest.approx(1e-4) and recipe.train.mixed_precision == "no"
     assert recipe.metrics == ["top5", "f1"] and recipe.name == "renamed"
 
@@ -424,7 +450,7 @@ def test_override_bad_yaml_value(inherited):
 def test_round_trip(inherited, tmp_path):
     overrides = ["optim.lr=3e-4", "model.attention.options.eps=1e-5", "model.timm_kwargs.qk_norm=true"]
     recipe = load_recipe(inherited, overrides)
-    recipe.model.attention.options["mode"] = "no"
+    recipe.model.attention.options["kernel"] = "relu"
     recipe.description = "1e5"
     saved = save_recipe(recipe, tmp_path / "run" / "recipe.yaml")
     assert saved.is_file()
@@ -435,7 +461,7 @@ def test_round_trip(inherited, tmp_path):
 
 def test_recipe_to_dict_is_plain(inherited):
     data = recipe_to_dict(load_recipe(inherited))
-    assert data["model"]["attention"] == {"name": "performer", "options": {"nb_features": 64, "redraw": 100}}
+    assert data["model"]["attention"] == {"name": "performer", "options": {"nb_features": 64, "redraw_interval": 100}}
     assert data["train"]["epochs"] == 5 and isinstance(data["metrics"], list)
 
 

@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import functools
 import re
+import types
 import typing
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from .attention import attention_options, get_attention, list_attentions
 from .data import DATASET_DOMAINS, DATASET_TASKS, DATASETS
 from .metrics import DEFAULT_METRICS, METRICS, TASK_METRICS
 from .models.sequence import INPUTS, POSITIONS, TASK_INPUTS, TASKS
@@ -84,7 +86,28 @@ def _unit_interval(default: float) -> Any:
 @dataclass
 class AttentionConfig:
     name: str = "softmax"
+    # the variant's keyword options (zoo.attention.attention_options), each checked against its annotation here;
+    # ranges are checked when the model is built
     options: dict[str, Any] = field(default_factory=dict)
+
+    def _problems(self) -> list[tuple[str, str]]:
+        known = list_attentions()
+        if self.name not in known:
+            close = difflib.get_close_matches(self.name, known, n=3)
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+            return [("name", f"unknown attention {self.name!r}{hint}; known: {', '.join(known)}")]
+        allowed = attention_options(self.name)
+        hints = typing.get_type_hints(get_attention(self.name).__init__)
+        for key, value in self.options.items():
+            if key not in allowed:
+                return [(f"options.{key}", _unknown_key(key, list(allowed), f"option of {self.name!r}"))]
+            try:
+                _check(value, hints.get(key, Any), {}, "")
+            except RecipeError as error:
+                return [(f"options.{key}", error.problem)]
+            except TypeError:
+                pass  # an annotation this checker does not read (Sequence[int]): the constructor checks the value
+        return []
 
 
 @dataclass
@@ -681,18 +704,18 @@ def _check_options(schema: type, value: Any, key: str) -> dict[str, Any]:
     return {name: _check(item, hints[name], fields[name].metadata, _join(key, name)) for name, item in value.items()}
 
 
-def _unknown_key(name: Any, names: list[str]) -> str:
+def _unknown_key(name: Any, names: list[str], what: str = "key") -> str:
     if not names:
-        return "unknown key; this section takes none"
+        return f"unknown {what}; this section takes none"
     close = difflib.get_close_matches(str(name), names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown key{hint}; allowed: {', '.join(names)}"
+    return f"unknown {what}{hint}; allowed: {', '.join(names)}"
 
 
 def _check(value: Any, tp: Any, meta: Mapping, key: str, nullable: bool = False) -> Any:
     """``value`` checked against the annotation ``tp`` (and range ``meta``), converted where allowed."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union:
+    if origin in (Union, types.UnionType):
         inner = [arg for arg in args if arg is not type(None)]
         if len(inner) != 1 or len(args) != 2:
             raise TypeError(f"unsupported annotation {tp!r}: only Optional[X] unions")
