@@ -481,7 +481,8 @@ class Trainer:
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}", refresh=False)
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}",
+                                refresh=False)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:

@@ -43,7 +43,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from .attention import attention_options, get_attention, list_attentions
+from .attention import attention_options, get_attention
 from .data import DATASET_DOMAINS, DATASET_TASKS, DATASETS
 from .metrics import DEFAULT_METRICS, METRICS, TASK_METRICS
 from .models.sequence import INPUTS, POSITIONS, TASK_INPUTS, TASKS
@@ -91,13 +91,12 @@ class AttentionConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
     def _problems(self) -> list[tuple[str, str]]:
-        known = list_attentions()
-        if self.name not in known:
-            close = difflib.get_close_matches(self.name, known, n=3)
-            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            return [("name", f"unknown attention {self.name!r}{hint}; known: {', '.join(known)}")]
+        try:
+            variant = get_attention(self.name)
+        except ValueError as error:  # the registry's own message: did-you-mean and the known names
+            return [("name", str(error))]
         allowed = attention_options(self.name)
-        hints = typing.get_type_hints(get_attention(self.name).__init__)
+        hints = typing.get_type_hints(variant.__init__)
         for key, value in self.options.items():
             if key not in allowed:
                 return [(f"options.{key}", _unknown_key(key, list(allowed), f"option of {self.name!r}"))]

@@ -82,6 +82,13 @@ def _features(x: Tensor, workspace: Workspace, scratch: Workspace, keep: Optiona
     return phi
 
 
+def _workspaces(q: Tensor, block: int, value_dim: int) -> tuple[Workspace, Workspace]:
+    """The features' workspace (`[b, h, block, r]`) and the values' (`[b, h, block, d + 1]`), which also serves
+    `_features` as scratch before each block's values are written."""
+    b, h, _, r = q.shape
+    return Workspace(q, b * h * block * r), Workspace(q, b * h * block * max(r, value_dim + 1))
+
+
 class _FusedLinear(torch.autograd.Function):
     """Non-causal linear attention in row blocks, equal to `kernel_attention` on `elu + 1` features.
 
@@ -97,8 +104,7 @@ class _FusedLinear(torch.autograd.Function):
         b, h, n, r = q.shape
         d = v.shape[-1]
         block = min(n, max(16, _BLOCK_BYTES // (b * h * max(r, d + 1) * q.element_size())))
-        # values_ws also serves `_features` as scratch before each block's values are written
-        features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * max(r, d + 1))
+        features_ws, values_ws = _workspaces(q, block, d)
         keep = None if mask is None else mask[:, None, :]
         state = q.new_zeros(b * h, d + 1, r)
         for rows in blocks(n, block):
@@ -124,8 +130,7 @@ class _FusedLinear(torch.autograd.Function):
         b, h, n, r = q.shape
         d = v.shape[-1]
         keep = None if mask is None else mask[:, None, :]
-        # values_ws also serves `_features` as scratch before each block's values are written
-        features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * max(r, d + 1))
+        features_ws, values_ws = _workspaces(q, block, d)
         grad_features_ws = Workspace(q, b * h * block * max(r, d))
         if r == d:
             # One buffer laid out like the qkv projection's output, so `SplitHeads` hands it on without a copy.

@@ -206,15 +206,15 @@ def load_pretrained(model: VisionTransformer, path: str | Path) -> LoadReport:
 _PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
-def _hub_unreachable(timeout: float = 3.0) -> bool:
-    """True when no TCP connection to the hub opens within `timeout` s (never asserted behind a proxy)."""
-    from huggingface_hub import constants
-
+def _hub_unreachable(endpoint_url: str, timeout: float = 3.0) -> bool:
+    """True when no TCP connection to the hub at `endpoint_url` opens within `timeout` s (never asserted behind
+    a proxy)."""
     if any(os.environ.get(name) for name in _PROXY_VARIABLES):
         return False
-    endpoint = urlsplit(constants.ENDPOINT)
+    endpoint = urlsplit(endpoint_url)
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
     try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout).close()
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
     except OSError:
         return True
     return False
@@ -226,7 +226,7 @@ def _load_from_hub(model: VisionTransformer, base: str, timm_kwargs: dict[str, A
     kwargs = {k: timm_kwargs[k] for k in ("num_classes", "in_chans", "img_size") if k in timm_kwargs}
     # Without a network the hub client retries for about 50 s before failing; in its offline mode a cached
     # checkpoint still loads and a missing one fails at once.
-    offline = constants.HF_HUB_OFFLINE or _hub_unreachable()
+    offline = constants.HF_HUB_OFFLINE or _hub_unreachable(constants.ENDPOINT)
     try:
         with mock.patch.object(constants, "HF_HUB_OFFLINE", offline):
             stock = timm.create_model(base, pretrained=True, **kwargs)
