@@ -30,16 +30,17 @@ data-deps: $(STAMP)
 test: $(STAMP) data-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The peer packages (zoo.benchmark.PEERS) are comparators only, installed for the sweeps, never dependencies of
-# zoo; every sweep times them at the speed targets' settings (Nystrom with their 256 landmarks).
+# The peer packages (PEERS in tools/zoo_bench/peers.py) are comparators only, installed for the sweeps, never
+# dependencies of zoo; every sweep times them at the speed targets' settings (Nystrom with their 256 landmarks).
 PEER_SWEEP := --peers --option nystrom.num_landmarks=256
 QUADRATIC := softmax softmax1 synthesizer
 
 bench-peers: $(STAMP)
-	$(PY) -m pip install -q $(shell $(PY) -c "from zoo.benchmark import PEERS; print(*PEERS)")
+	$(PY) -m pip install -q $(shell PYTHONPATH=tools $(PY) -c "from zoo_bench.peers import PEERS; print(*PEERS)")
 
 # The CPU sweep behind benchmarks/cpu (about 40 minutes on 2 cores): every variant and the peers at the targets'
-# settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K.
+# settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K; the 2-D ones
+# (window2d, neighborhood) run on square grids, 32 x 32 to 256 x 256.
 bench-cpu: bench-peers
 	$(PY) tools/benchmark.py --device cpu --threads 2 $(PEER_SWEEP) \
 		--variants projections $(filter-out $(QUADRATIC),$(shell $(PY) -c "import zoo; print(*zoo.list_attentions())")) \
@@ -48,12 +49,14 @@ bench-cpu: bench-peers
 		--out benchmarks/cpu --merge
 
 # The GPU sweep for benchmarks/<gpu name> (bf16; the crossover against SDPA's flash kernel), for a session with a
-# GPU; not yet run on one.
+# GPU; not yet run on one. The 2-D variants take only the square lengths (the others are recorded as errors).
 bench-gpu: bench-peers
 	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
 
+# Every folder that holds Python files (the benchmark code is tools/zoo_bench; benchmarks/ holds only results).
 lint: $(STAMP)
 	$(PY) -m ruff check zoo tools tests
+	$(PY) -m ruff format --check zoo tools tests
 
 clean:
 	rm -rf runs .pytest_cache

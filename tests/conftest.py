@@ -1,4 +1,5 @@
 """Fixtures shared by the test files."""
+
 import sys
 
 import pytest

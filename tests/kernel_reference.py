@@ -1,4 +1,5 @@
 """Quadratic references shared by the kernel-attention tests (linear attention, Performer)."""
+
 import torch
 
 

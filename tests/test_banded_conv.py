@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention.banded_conv import BandedConvAttention, band_columns, band_scores, banded_conv_attention
 from zoo.attention._blocks import window_layout
+from zoo.attention.banded_conv import BandedConvAttention, band_columns, band_scores, banded_conv_attention
 from zoo.attention.local import local_attention
 
 DIM, HEADS, BATCH = 32, 2, 2
@@ -168,7 +168,7 @@ def test_memory_is_linear_in_length():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         banded_conv_attention(q, k, v, random_kernels(2, 3), padding(n), radius=radius)
     per_query = max(saved) / (BATCH * HEADS * n)
-    assert per_query <= layout.span * layout.block < n // 4
+    assert per_query <= layout.window_blocks * layout.block < n // 4
 
 
 def test_bf16_matches_float32():

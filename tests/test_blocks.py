@@ -1,15 +1,17 @@
 """Backbone options: timm / GAU blocks, reversible couplings, chunked feed-forward, and their wiring."""
+
 import pytest
 import timm
 import torch
 from timm.models.vision_transformer import Block as TimmBlock
 
 import zoo
-from zoo.models import Block, ReversibleSequence, ReversibleVisionTransformer, build_blocks
+from zoo.attention import attention_class
+from zoo.models import Block, ReversibleSequence, ReversibleVisionTransformer, block_class
 from zoo.recipe import RecipeError, recipe_from_dict
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
-TINY = dict(embed_dim=32, depth=2, num_heads=2, num_classes=10, in_chans=1, img_size=32)
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10, "in_chans": 1, "img_size": 32}
 
 
 def inputs(dtype=torch.float32, seed: int = 1) -> torch.Tensor:
@@ -17,11 +19,32 @@ def inputs(dtype=torch.float32, seed: int = 1) -> torch.Tensor:
     return torch.randn(BATCH, LENGTH, DIM, generator=generator, dtype=dtype)
 
 
+def build(
+    depth: int,
+    attention: str = "softmax",
+    attention_options=None,
+    *,
+    reversible: bool = False,
+    drop_path_rate: float = 0.0,
+    **options,
+) -> torch.nn.Module:
+    """`depth` blocks of `block_class` as a model builds them, drop path rising to `drop_path_rate`."""
+    block_options = {key: options.pop(key) for key in ("block", "block_options", "ff_chunks") if key in options}
+    cls = block_class(attention=attention, attention_options=attention_options, **block_options)
+    attn_layer = attention_class(attention, **(attention_options or {}))
+    rates = torch.linspace(0, drop_path_rate, depth).tolist()
+    blocks = [
+        cls(dim=DIM, num_heads=HEADS, attn_layer=attn_layer, drop_path=rate, depth=i, **options)
+        for i, rate in enumerate(rates)
+    ]
+    return ReversibleSequence(*blocks) if reversible else torch.nn.Sequential(*blocks)
+
+
 def stack(reversible: bool, block: str = "timm", **options) -> torch.nn.Module:
     torch.manual_seed(0)
     attention = "gau" if block == "gau" else "softmax"
     gau = {"attention_options": {"group_size": 8}, "block_options": {"z_dim": 8}} if block == "gau" else {}
-    return build_blocks(3, DIM, HEADS, attention, block=block, reversible=reversible, **gau, **options)
+    return build(3, attention, block=block, reversible=reversible, **gau, **options)
 
 
 def outputs_and_grads(blocks: torch.nn.Module, x: torch.Tensor, seed: int = 3, **call) -> tuple[list, torch.Tensor]:
@@ -101,7 +124,7 @@ def _saved_bytes(blocks: torch.nn.Module, x: torch.Tensor) -> int:
 def test_reversible_activation_memory_does_not_grow_with_depth():
     def saved(depth: int, reversible: bool) -> int:
         torch.manual_seed(0)
-        return _saved_bytes(build_blocks(depth, DIM, HEADS, reversible=reversible), inputs())
+        return _saved_bytes(build(depth, reversible=reversible), inputs())
 
     assert saved(1, True) == saved(4, True) == 2 * BATCH * LENGTH * DIM * 4
     assert saved(4, False) > 3 * saved(1, False)
@@ -114,11 +137,11 @@ def test_reversible_sequence_needs_branches():
 
 def test_unknown_block_and_bad_ff_chunks_name_the_value():
     with pytest.raises(ValueError, match="unknown block 'gua'.*did you mean 'gau'"):
-        build_blocks(1, DIM, HEADS, block="gua")
+        block_class("gua")
     with pytest.raises(ValueError, match="ff_chunks=-1"):
-        build_blocks(1, DIM, HEADS, ff_chunks=-1)
+        block_class(ff_chunks=-1)
     with pytest.raises(ValueError, match="takes no block_options"):
-        build_blocks(1, DIM, HEADS, block_options={"z_dim": 4})
+        block_class(block_options={"z_dim": 4})
 
 
 @pytest.mark.parametrize(
@@ -162,8 +185,12 @@ def test_create_model_refuses_a_gau_block_with_another_attention():
 
 
 def test_recipe_with_gau_blocks_validates():
-    model = {"block": "gau", "attention": {"name": "gau", "options": {"group_size": 64}}, "reversible": True,
-             "block_options": {"z_dim": 64}}
+    model = {
+        "block": "gau",
+        "attention": {"name": "gau", "options": {"group_size": 64}},
+        "reversible": True,
+        "block_options": {"z_dim": 64},
+    }
     recipe = recipe_from_dict({"name": "x", "model": model})
     assert recipe.model.block == "gau" and recipe.model.reversible and recipe.model.ff_chunks == 0
     with pytest.raises(RecipeError, match="model.attention.name: must be 'gau' when block is 'gau'"):
@@ -175,11 +202,16 @@ def test_recipe_with_gau_blocks_validates():
 
 
 def test_engine_passes_the_block_options(monkeypatch):
-    from zoo import engine
+    from types import SimpleNamespace
+
+    from zoo import model_kinds
 
     seen = {}
-    monkeypatch.setattr(engine, "create_model", lambda name, **kwargs: seen.update(kwargs) or torch.nn.Linear(1, 1))
+    monkeypatch.setattr(
+        model_kinds, "create_model", lambda name, **kwargs: seen.update(kwargs) or torch.nn.Linear(1, 1)
+    )
     recipe = recipe_from_dict({"name": "x", "model": {"reversible": True, "ff_chunks": 2}})
-    engine.build_model(recipe, num_classes=3, in_chans=1)
+    kind = model_kinds.get_model_kind("vit")
+    kind.build(recipe, SimpleNamespace(num_classes=3, in_chans=1), kind.task(recipe))
     assert seen["block"] == "timm" and seen["reversible"] is True and seen["ff_chunks"] == 2
     assert seen["block_options"] == {}

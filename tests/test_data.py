@@ -8,10 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from zoo.data import DATASETS, ImageFolderDataset, MegaMNIST, build_dataset
+from zoo.data import DataContext, ImageFolderDataset, MegaMNIST, build_dataset, list_datasets
 from zoo.data import megamnist as mm
 
-SMALL = dict(canvas_size=96, num_samples=64)
+SMALL = {"canvas_size": 96, "num_samples": 64}
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -113,19 +113,19 @@ def test_crowded_canvas_terminates_with_overlap_allowed():
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        (dict(split="training"), "'training'.*train, val, test"),
-        (dict(canvas_size=0), "canvas_size.*0"),
-        (dict(canvas_size=True), "canvas_size.*True"),
-        (dict(canvas_size=60), "canvas_size=60 is too small"),
-        (dict(num_target=2, num_other=2), r"num_target \(2\) must exceed num_other \(2\)"),
-        (dict(num_target=0), "num_target.*0"),
-        (dict(num_other=-1), "num_other.*-1"),
-        (dict(num_clutter=1.5), "num_clutter.*1.5"),
-        (dict(digit_size=0), "digit_size.*0"),
-        (dict(num_samples=0), "num_samples.*0"),
-        (dict(seed=-3), "seed.*-3"),
-        (dict(pool_fractions=(0.5, 0.5, 0.5)), r"pool_fractions.*\(0.5, 0.5, 0.5\)"),
-        (dict(split="val", pool_fractions=(0.998, 0.001, 0.001)), "val pool without digits"),
+        ({"split": "training"}, "'training'.*train, val, test"),
+        ({"canvas_size": 0}, "canvas_size.*0"),
+        ({"canvas_size": True}, "canvas_size.*True"),
+        ({"canvas_size": 60}, "canvas_size=60 is too small"),
+        ({"num_target": 2, "num_other": 2}, r"num_target \(2\) must exceed num_other \(2\)"),
+        ({"num_target": 0}, "num_target.*0"),
+        ({"num_other": -1}, "num_other.*-1"),
+        ({"num_clutter": 1.5}, "num_clutter.*1.5"),
+        ({"digit_size": 0}, "digit_size.*0"),
+        ({"num_samples": 0}, "num_samples.*0"),
+        ({"seed": -3}, "seed.*-3"),
+        ({"pool_fractions": (0.5, 0.5, 0.5)}, r"pool_fractions.*\(0.5, 0.5, 0.5\)"),
+        ({"split": "val", "pool_fractions": (0.998, 0.001, 0.001)}, "val pool without digits"),
     ],
 )
 def test_bad_megamnist_arguments(kwargs, fragment):
@@ -186,7 +186,7 @@ def test_folder_splits_share_the_training_classes(image_root):
 
 
 def test_folder_errors(image_root, tmp_path):
-    kwargs = dict(img_size=16, is_training=False)
+    kwargs = {"img_size": 16, "is_training": False}
     missing = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError, match="nowhere.*ROOT/<split>/<class>"):
         ImageFolderDataset(str(missing), "train", **kwargs)
@@ -205,27 +205,39 @@ def test_folder_errors(image_root, tmp_path):
 
 
 def test_build_dataset(image_root):
-    assert set(DATASETS) == {
-        "megamnist", "folder", "genomes", "yeast_coding", "splice", "fasta", "genomic_benchmarks", "ucr", "ts", "csv",
-        "elecdemand", "forecast_csv",
+    assert set(list_datasets()) == {
+        "megamnist",
+        "folder",
+        "genomes",
+        "yeast_coding",
+        "splice",
+        "fasta",
+        "genomic_benchmarks",
+        "ucr",
+        "ts",
+        "csv",
+        "elecdemand",
+        "forecast_csv",
     }
-    ds = build_dataset("megamnist", "val", is_training=False, canvas_size=96, num_samples=3, seed=2)
+    ds = build_dataset("megamnist", DataContext("val", is_training=False, num_samples=3, seed=2), canvas_size=96)
     assert isinstance(ds, MegaMNIST) and len(ds) == 3 and ds.seed == 2 and ds.split == "val"
-    ds = build_dataset("folder", "train", is_training=True, root=str(image_root), img_size=20, in_chans=1)
+    context = DataContext("train", is_training=True, root=str(image_root), img_size=20, in_chans=1)
+    ds = build_dataset("folder", context)
     assert isinstance(ds, ImageFolderDataset) and ds[0][0].shape == (1, 20, 20)
 
 
 @pytest.mark.parametrize(
-    "name,options,fragment",
+    "name,shared,options,fragment",
     [
-        ("megamnst", {}, "'megamnst'.*did you mean megamnist.*known: megamnist, folder"),
-        ("imagenet", {}, "'imagenet'.*known: megamnist, folder"),
-        ("megamnist", {"canvas": 96}, "'canvas'.*'canvas_size'.*allowed: canvas_size"),
-        ("megamnist", {"root": "x"}, "'root' for dataset 'megamnist'"),
-        ("folder", {"img_size": 16}, "'folder' needs the option.*root"),
-        ("folder", {"root": "x", "seed": 1}, "'seed' for dataset 'folder'"),
+        ("megamnst", {}, {}, "'megamnst'.*did you mean 'megamnist'.*known: megamnist, folder"),
+        ("imagenet", {}, {}, "'imagenet'.*known: megamnist, folder"),
+        ("megamnist", {}, {"canvas": 96}, "'canvas'.*'canvas_size'.*allowed: canvas_size"),
+        ("megamnist", {}, {"root": "x"}, "'root' for dataset 'megamnist'"),
+        ("folder", {"img_size": 16}, {}, "'folder' needs the option.*root"),
+        ("folder", {"root": "x"}, {"seed": 1}, "'seed' for dataset 'folder'"),
     ],
 )
-def test_build_dataset_errors(name, options, fragment):
+def test_build_dataset_errors(name, shared, options, fragment):
+    # the keys every dataset shares (root, img_size) come in the context, a dataset's own as options
     with pytest.raises(ValueError, match=fragment):
-        build_dataset(name, "train", is_training=False, **options)
+        build_dataset(name, DataContext("train", is_training=False, **shared), **options)

@@ -12,9 +12,7 @@ from zoo.data.dna import (
     CLS_ID,
     PAD_ID,
     DNATokenizer,
-    FastaDataset,
     Genomes,
-    GenomicBenchmarksDataset,
     ReverseComplement,
     Splice,
     YeastCoding,
@@ -25,6 +23,7 @@ from zoo.data.dna import (
     reverse_complement,
     yeast_coding_labels,
 )
+from zoo.data.fasta import FastaDataset, GenomicBenchmarksDataset
 from zoo.data.sequence import IGNORE_INDEX, PadCollate, pad_sequences, window_starts
 
 # Every test here runs with socket connects and name lookups raising.

@@ -1,23 +1,13 @@
 """Time series data: the .ts parser (checked against sktime's), users' .ts / CSV files, the bundled UCR/UEA
 sets, and the elecdemand forecasting protocol with its baselines, loaded with every socket call blocked."""
 
-
 import numpy as np
 import pytest
 import torch
 
+from zoo.data.forecast import Elecdemand, ForecastWindows, linear_forecast_scores, seasonal_naive_scores
 from zoo.data.sequence import PadCollate
-from zoo.data.timeseries import (
-    UCR,
-    CsvSeriesDataset,
-    Elecdemand,
-    ForecastWindows,
-    TsFileDataset,
-    bundled_ucr_names,
-    linear_forecast_scores,
-    read_ts,
-    seasonal_naive_scores,
-)
+from zoo.data.timeseries import UCR, CsvSeriesDataset, TsFileDataset, bundled_ucr_names, read_ts
 
 # Every test here runs with socket connects and name lookups raising.
 pytestmark = pytest.mark.usefixtures("no_network")
@@ -87,7 +77,7 @@ def test_bundled_names_checked_before_loading():
     names = bundled_ucr_names()
     assert {"ACSF1", "PLAID", "JapaneseVowels", "BasicMotions", "OSULeaf"} <= set(names)
     assert "Tecator" not in names  # a regression set
-    with pytest.raises(ValueError, match="did you mean PLAID"):
+    with pytest.raises(ValueError, match="did you mean 'PLAID'"):
         UCR("PLAD", "train")
 
 
@@ -130,7 +120,7 @@ def test_elecdemand_protocol():
     train, val, test = (Elecdemand(split, lookback=512, horizon=96) for split in ("train", "val", "test"))
     assert (train.n_train, train.n_val, train.n_test) == (12_264, 1_752, 3_504)
     assert (len(train), len(val), len(test)) == (12_264 - 512 - 96 + 1, 1_752 - 96 + 1, 3_504 - 96 + 1)
-    from zoo.data.timeseries import _elecdemand
+    from zoo.data.forecast import _elecdemand
 
     raw = _elecdemand()
     assert raw.shape == (17_520, 3)

@@ -1,4 +1,5 @@
 """GAU / FLASH: mixed chunk attention against a dense reference, the slot form's weight mapping, the GAU layer."""
+
 import pytest
 import torch
 import torch.nn.functional as F

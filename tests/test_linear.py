@@ -1,13 +1,13 @@
 """Linear attention (elu + 1 features) and the recurrent decoding API it shares with Performer."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_reference import grads, naive_kernel_attention
 
 import zoo
 import zoo.attention.linear as linear_module  # registers "linear" even before the package imports it
 from zoo.attention.linear import linear_attention
-
-from kernel_reference import grads, naive_kernel_attention
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
@@ -156,7 +156,7 @@ def test_bf16_long_sequence_is_finite(causal):
 
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("value_dim", [8, 5])
-def test_fused_blocks_equal_the_feature_path(masked, value_dim, monkeypatch):
+def test_blocked_kernel_equals_the_feature_path(masked, value_dim, monkeypatch):
     # Blocks of 8 rows: several blocks and a ragged last one; a value dim other than the feature dim.
     monkeypatch.setattr(linear_module, "_BLOCK_BYTES", 8 * 2 * 3 * 9 * 8)
     q, k = gaussians(2, 3, LENGTH, 8, seed=1) * 2, gaussians(2, 3, LENGTH, 8, seed=2) * 2
@@ -166,28 +166,29 @@ def test_fused_blocks_equal_the_feature_path(masked, value_dim, monkeypatch):
         mask = torch.ones(2, LENGTH, dtype=torch.bool)
         mask[0, 30:] = False
         mask[1, 3:] = False
-    fused = linear_attention(q, k, v, mask)
-    reference = linear_attention(q, k, v, mask, fused=False)
-    torch.testing.assert_close(fused, reference)
-    for actual, expected in zip(grads(fused, (q, k, v)), grads(reference, (q, k, v))):
+    blocked = linear_attention(q, k, v, mask)
+    reference = linear_attention(q, k, v, mask, reference=True)
+    torch.testing.assert_close(blocked, reference)
+    for actual, expected in zip(grads(blocked, (q, k, v)), grads(reference, (q, k, v))):
         torch.testing.assert_close(actual, expected)
 
 
-def test_fused_module_gradients_equal_the_unfused_module():
+def test_blocked_module_gradients_equal_the_reference_module():
     attention = make(qkv_bias=True).double().train()
     x = inputs().double().requires_grad_()
     keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
     keep[1, 25:] = False
     out = attention(x, attn_mask=keep)
     got = grads(out, (x, *attention.parameters()))
-    attention.attend = lambda q, k, v, mask, is_causal: linear_attention(q, k, v, mask, fused=False)
-    expected = attention(x, attn_mask=keep)
+    reference = make(qkv_bias=True, reference=True).double().train()
+    reference.load_state_dict(attention.state_dict())
+    expected = reference(x, attn_mask=keep)
     torch.testing.assert_close(out, expected)
-    for actual, reference in zip(got, grads(expected, (x, *attention.parameters()))):
-        torch.testing.assert_close(actual, reference)
+    for actual, wanted in zip(got, grads(expected, (x, *reference.parameters()))):
+        torch.testing.assert_close(actual, wanted)
 
 
-def test_fused_kernel_refuses_double_backward_and_the_causal_path_supports_it():
+def test_blocked_kernel_refuses_double_backward_and_the_causal_path_supports_it():
     torch.manual_seed(0)
     attention = zoo.create_attention("linear", dim=32, num_heads=2).double()
     x = torch.randn(2, 37, 32, dtype=torch.float64, requires_grad=True)
@@ -202,4 +203,4 @@ def test_keys_longer_than_queries_take_the_reference_path():
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 37, 8, generator=generator, dtype=torch.float64)
     k, v = (torch.randn(1, 2, 60, 8, generator=generator, dtype=torch.float64) for _ in range(2))
-    torch.testing.assert_close(linear_attention(q, k, v), linear_attention(q, k, v, fused=False))
+    torch.testing.assert_close(linear_attention(q, k, v), linear_attention(q, k, v, reference=True))

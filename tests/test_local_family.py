@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention import _blocks
-from zoo.attention._blocks import Part, _GatherBlocks, _LookAround, parts_attention
+from zoo.attention import _flash_parts
+from zoo.attention._blocks import _GatherBlocks, _LookAround
+from zoo.attention._flash_parts import Part, parts_attention
 from zoo.attention.bigbird import bigbird_attention, bigbird_layout, draw_random_blocks, global_blocks
 from zoo.attention.dilated import dilated_attention
 from zoo.attention.local import local_attention
@@ -187,21 +188,21 @@ def test_block_gathers_gradients():
 # and every kernel call down to one group.
 @pytest.fixture(params=[False, True], ids=["default", "flipped-pieces"])
 def flash_everywhere(monkeypatch, request):
-    monkeypatch.setattr(_blocks, "FLASH_MIN_BLOCK", 1)
+    monkeypatch.setattr(_flash_parts, "FLASH_MIN_BLOCK", 1)
     if request.param:
-        monkeypatch.setattr(_blocks, "FLASH_KEY_TILE", 1)
-        monkeypatch.setattr(_blocks, "PIECE_BYTES", 1)
+        monkeypatch.setattr(_flash_parts, "FLASH_KEY_TILE", 1)
+        monkeypatch.setattr(_flash_parts, "PIECE_BYTES", 1)
 
 
 def assert_flash_matches_reference(fast, n, allowed):
     q, k, v = qkv(n)
     calls = []
-    original = _blocks._FlashParts.apply
-    _blocks._FlashParts.apply = lambda *args: calls.append(1) or original(*args)
+    original = _flash_parts._FlashParts.apply
+    _flash_parts._FlashParts.apply = lambda *args: calls.append(1) or original(*args)
     try:
         assert_matches_reference(fast, q, k, v, allowed, torch.ones(BATCH, n, dtype=torch.bool))
     finally:
-        _blocks._FlashParts.apply = original
+        _flash_parts._FlashParts.apply = original
     assert calls, "the flash-parts path was not taken"
 
 
@@ -243,16 +244,20 @@ def test_bigbird_flash_parts_match_naive_reference(flash_everywhere, n, block_si
     assert_flash_matches_reference(fast, n, allowed)
 
 
-@pytest.mark.parametrize("piece_bytes", [_blocks.PIECE_BYTES, 1])
+@pytest.mark.parametrize("piece_bytes", [_flash_parts.PIECE_BYTES, 1])
 def test_flash_parts_gradients(monkeypatch, piece_bytes):
     """Every kind of part, in float64: overlapping and flipped causal groups, a mask per group, shared extra keys,
     gathered blocks, dense logits, and a batch of two leading dims; whole, and cut into one-group kernel calls."""
-    monkeypatch.setattr(_blocks, "PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(_flash_parts, "PIECE_BYTES", piece_bytes)
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 1, 2, 24, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    k_extra, v_extra = (torch.randn(2, 1, 2, 3, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    q, k, v = (
+        torch.randn(2, 1, 2, 24, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    k_extra, v_extra = (
+        torch.randn(2, 1, 2, 3, 4, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
     dense = torch.randn(2, 1, 2, 24, 2, generator=generator, dtype=torch.float64, requires_grad=True)
-    mask = _blocks.additive(torch.rand(2, 1, 4, 4, generator=generator) > 0.3, torch.float64)
+    mask = _flash_parts.additive(torch.rand(2, 1, 4, 4, generator=generator) > 0.3, torch.float64)
     parts = [
         Part(0, 6, 4, 0, 4, 4, 4, causal=True),
         Part(4, 4, 4, 0, 8, 4, 4),  # overlapping key groups
@@ -276,12 +281,14 @@ def test_flash_parts_path_is_the_default_on_cpu():
     ]:
         attention = zoo.create_attention(name, DIM, HEADS, **options).eval()
         calls = []
-        original = _blocks._FlashParts.apply
-        _blocks._FlashParts.apply = lambda *args: calls.append(1) or original(*args)
+        original = _flash_parts._FlashParts.apply
+        _flash_parts._FlashParts.apply = lambda *args, calls=calls, original=original: (
+            calls.append(1) or original(*args)
+        )
         try:
             fast = attention(x)
         finally:
-            _blocks._FlashParts.apply = original
+            _flash_parts._FlashParts.apply = original
         assert calls, name
         masked = attention(x, torch.ones(BATCH, 600, dtype=torch.bool))  # a padding mask takes the masked path
         torch.testing.assert_close(fast, masked, rtol=1e-5, atol=1e-5, msg=name)

@@ -1,4 +1,5 @@
 """timm ViTs with zoo attention: construction, 1024-px forward/backward, pretrained weights across variants."""
+
 import os
 import subprocess
 import sys
@@ -9,9 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 import zoo
+from zoo.models import VIT_ARCHITECTURES, ReversibleVisionTransformer, ZooVisionTransformer
 from zoo.models.vit import LoadReport
 
-TINY = dict(embed_dim=32, depth=2, num_heads=2, num_classes=10, in_chans=1)
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10, "in_chans": 1}
 
 
 @pytest.mark.parametrize("attention", ["softmax", "performer"])
@@ -25,8 +27,9 @@ def test_1024_px_forward_and_backward(attention):
 
 
 def test_every_block_uses_the_chosen_attention_with_its_options():
-    model = zoo.create_model("vit_tiny_patch16_224", attention="performer",
-                             attention_options={"nb_features": 16}, img_size=64, **TINY)
+    model = zoo.create_model(
+        "vit_tiny_patch16_224", attention="performer", attention_options={"nb_features": 16}, img_size=64, **TINY
+    )
     for block in model.blocks:
         assert block.attn.attention_name == "performer"
         assert block.attn.bound_options == {"nb_features": 16}
@@ -39,8 +42,7 @@ def test_registered_timm_names_pick_the_attention():
 
 
 def test_timm_model_api_is_kept():
-    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=64, dynamic_img_size=True,
-                             **TINY)
+    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=64, dynamic_img_size=True, **TINY)
     features = model.forward_features(torch.randn(2, 1, 96, 80))
     assert features.shape == (2, 1 + 6 * 5, 32)
     assert model.forward_head(features).shape == (2, 10)
@@ -55,8 +57,7 @@ def test_timm_weights_load_into_any_variant_with_pos_embed_resampled(tmp_path):
     stock = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2, num_classes=5)
     path = tmp_path / "stock.safetensors"
     save_file(stock.state_dict(), str(path))
-    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=128,
-                             pretrained_file=path, **TINY)
+    model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=128, pretrained_file=path, **TINY)
     assert model.pos_embed.shape == (1, 1 + 64, 32)
     torch.testing.assert_close(model.blocks[1].attn.qkv.weight, stock.blocks[1].attn.qkv.weight)
     # three input channels summed into one, as timm adapts a first convolution
@@ -72,6 +73,38 @@ def test_load_report_names_what_was_left_out(tmp_path):
     assert isinstance(report, LoadReport)
     assert set(report.dropped_keys) == {"head.weight", "head.bias"}
     assert report.missing_attention_keys and all(".attn." in key for key in report.missing_attention_keys)
+
+
+@pytest.mark.parametrize("base", VIT_ARCHITECTURES)
+def test_each_entry_point_is_its_timm_architecture_with_its_weights(base):
+    ours, theirs = (timm.create_model(name, device="meta") for name in (f"zoo_{base}", base))
+    assert isinstance(ours, ZooVisionTransformer)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    for key in ("hf_hub_id", "input_size", "mean", "std", "crop_pct", "interpolation", "num_classes", "classifier"):
+        assert ours.pretrained_cfg[key] == theirs.pretrained_cfg[key], key
+
+
+def test_timm_file_route_loads_into_a_variant_with_its_own_parameters(tmp_path, caplog):
+    stock = timm.create_model("vit_tiny_patch16_224", embed_dim=32, depth=2, num_heads=2)
+    path = tmp_path / "stock.safetensors"
+    save_file(stock.state_dict(), str(path))
+    model = timm.create_model(
+        "zoo_vit_tiny_patch16_224", attention="linformer", attention_options={"k": 8, "max_seq_len": 65},
+        pretrained=True, pretrained_cfg_overlay={"file": str(path)}, **{**TINY, "img_size": 128},
+    )  # fmt: skip
+    assert model.pos_embed.shape == (1, 65, 32) and model.head.out_features == 10
+    torch.testing.assert_close(model.blocks[1].attn.qkv.weight, stock.blocks[1].attn.qkv.weight)
+    assert "attention parameters not in the checkpoint keep their initialisation" in caplog.text
+
+
+def test_reversible_model_is_built_as_its_class_not_patched():
+    model = zoo.create_model("vit_tiny_patch16_224", reversible=True, img_size=32, **TINY)
+    assert type(model) is ReversibleVisionTransformer and model.pretrained_cfg["architecture"].startswith("zoo_")
+
+
+def test_only_zoo_architectures_are_built():
+    with pytest.raises(ValueError, match="unknown model 'deit_small_patch16_224'.*known: vit_base_patch16_224"):
+        zoo.create_model("deit_small_patch16_224")
 
 
 def test_weights_of_another_architecture_are_refused(tmp_path):
@@ -95,22 +128,31 @@ def test_unknown_architecture_suggests_close_names():
 def test_offline_hub_loading_says_how_to_load_from_a_file():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     code = "import zoo; zoo.create_model('vit_tiny_patch16_224', pretrained=True)"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode != 0
     assert "pretrained_file=" in result.stderr
 
 
 def _without_network(tmp_path, **extra) -> dict[str, str]:
-    """An environment where the hub's host never resolves (.invalid) and the cache is `tmp_path`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    return {**env, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "https://hub.invalid", **extra}
+    """An environment where the hub's host never resolves (.invalid), the cache is `tmp_path`, and the hub client
+    is told so through its own switch, HF_HUB_OFFLINE."""
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_OFFLINE"}
+    return {**env, "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "https://hub.invalid", "HF_HUB_OFFLINE": "1", **extra}
 
 
 def test_unreachable_hub_fails_at_once_with_the_file_route(tmp_path):
-    # Left to itself the hub client retries for about 50 s, printing "Retrying in ...", before it gives up.
+    # Without HF_HUB_OFFLINE the hub client retries for about 50 s, printing "Retrying in ...", before it gives up.
     code = "import zoo; zoo.create_model('vit_tiny_patch16_224', pretrained=True)"
-    result = subprocess.run([sys.executable, "-c", code], env=_without_network(tmp_path),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_without_network(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode != 0
     assert "the hub is not reachable" in result.stderr and "pretrained_file=" in result.stderr
     assert "Retrying" not in result.stderr
@@ -126,9 +168,13 @@ def test_unreachable_hub_loads_a_cached_checkpoint_at_once(tmp_path):
     stock = timm.create_model("vit_tiny_patch16_224")
     save_file(stock.state_dict(), snapshot / "model.safetensors")
     env = _without_network(tmp_path, OUT=str(tmp_path / "loaded.pt"))
-    code = ("import os, torch, zoo; m = zoo.create_model('vit_tiny_patch16_224', attention='linear', pretrained=True); "
-            "torch.save(m.state_dict()['blocks.0.attn.qkv.weight'], os.environ['OUT'])")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    code = (
+        "import os, torch, zoo; m = zoo.create_model('vit_tiny_patch16_224', attention='linear', pretrained=True); "
+        "torch.save(m.state_dict()['blocks.0.attn.qkv.weight'], os.environ['OUT'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert "Retrying" not in result.stderr
     torch.testing.assert_close(torch.load(tmp_path / "loaded.pt"), stock.state_dict()["blocks.0.attn.qkv.weight"])

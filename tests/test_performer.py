@@ -1,9 +1,11 @@
 """FAVOR+ (Performer) and the shared feature-map / kernel-attention core it is built on."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_reference import grads, naive_kernel_attention
 
 import zoo
 from zoo.attention import AttentionBase, on_optimizer_step
@@ -22,8 +24,6 @@ from zoo.attention._features import (
 from zoo.attention._kernel import kernel_attention, kernel_attention_step
 from zoo.attention.performer import favor_attention
 from zoo.attention.softmax import softmax_attention
-
-from kernel_reference import grads, naive_kernel_attention
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 BUFFERS = {"seed", "step", "random_features"}
@@ -49,7 +49,7 @@ def assert_same(actual, expected, **tolerances):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("options", [{}, {"fused": False}, {"kernel": "relu"}])
+@pytest.mark.parametrize("options", [{}, {"reference": True}, {"kernel": "relu"}])
 def test_shape_and_every_parameter_gets_a_gradient(options, causal):
     attention = make(qkv_bias=True, **options).train()
     out = attention(inputs(), is_causal=causal)
@@ -60,7 +60,7 @@ def test_shape_and_every_parameter_gets_a_gradient(options, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("options", [{}, {"fused": False}, {"qk_norm": True, "norm_layer": torch.nn.LayerNorm}])
+@pytest.mark.parametrize("options", [{}, {"reference": True}, {"qk_norm": True, "norm_layer": torch.nn.LayerNorm}])
 def test_packed_qkv_backward_equals_the_base_class_split(options, causal):
     attention = make(qkv_bias=True, **options).double()
     x = inputs().double()
@@ -90,7 +90,7 @@ def test_options_are_validated_with_the_bad_value():
         ({"redraw_interval": -1}, "redraw_interval=-1"),
         ({"chunk_size": 0}, "chunk_size=0"),
         ({"eps": -1.0}, "eps=-1.0"),
-        ({"fused": "yes"}, "fused='yes'"),
+        ({"reference": "yes"}, "reference='yes'"),
         ({"attn_drop": 0.1}, "attn_drop=0.1"),
     ]:
         with pytest.raises(ValueError, match=match):
@@ -215,7 +215,7 @@ def test_recurrent_step_equals_the_causal_output():
 
 
 @pytest.mark.parametrize("masked", [False, True])
-def test_fused_favor_equals_the_feature_path(masked, monkeypatch):
+def test_blocked_favor_equals_the_feature_path(masked, monkeypatch):
     # Blocks of 16 rows: several blocks, a ragged last one, the running max growing across blocks.
     monkeypatch.setattr(performer_module, "_BLOCK_BYTES", 16 * 2 * 3 * 24 * 8)
     q, k = gaussians(2, 3, 37, 16, seed=1, scale=2.0), gaussians(2, 3, 37, 16, seed=2, scale=2.0)
@@ -228,10 +228,10 @@ def test_fused_favor_equals_the_feature_path(masked, monkeypatch):
         mask = torch.ones(2, 37, dtype=torch.bool)
         mask[0, 33:] = False
         mask[1, 4:] = False
-    fused = favor_attention(q, k, v, projection, mask, fused=True)
-    reference = favor_attention(q, k, v, projection, mask, fused=False)
-    torch.testing.assert_close(fused, reference)
-    assert_same(grads(fused, (q, k, v)), grads(reference, (q, k, v)))
+    blocked = favor_attention(q, k, v, projection, mask)
+    reference = favor_attention(q, k, v, projection, mask, reference=True)
+    torch.testing.assert_close(blocked, reference)
+    assert_same(grads(blocked, (q, k, v)), grads(reference, (q, k, v)))
 
 
 def relative_error(nb_features: int, head_dim: int, seeds: int = 6, projection: str = "orthogonal") -> float:
@@ -347,19 +347,20 @@ def test_causal_prefix_never_changes_with_the_future(options):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("fused", [True, False])
-def test_one_sample_never_changes_another(causal, fused):
-    attention = make(fused=fused)
+@pytest.mark.parametrize("reference", [False, True])
+def test_one_sample_never_changes_another(causal, reference):
+    attention = make(reference=reference)
     x = inputs()
     changed = x.clone()
     # Large-norm keys: a stabiliser shared over the batch would underflow sample 0's features.
     changed[1] = changed[1] * 60 + 5
-    torch.testing.assert_close(attention(x, is_causal=causal)[0], attention(changed, is_causal=causal)[0],
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        attention(x, is_causal=causal)[0], attention(changed, is_causal=causal)[0], atol=1e-6, rtol=0
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("options", [{}, {"fused": False}, {"kernel": "relu"}])
+@pytest.mark.parametrize("options", [{}, {"reference": True}, {"kernel": "relu"}])
 def test_padding_equals_the_unpadded_sequence_and_padded_values_never_leak(options, causal):
     attention = make(**options)
     x = inputs()
@@ -370,8 +371,9 @@ def test_padding_equals_the_unpadded_sequence_and_padded_values_never_leak(optio
     torch.testing.assert_close(out[1, :25], unpadded[0], atol=1e-6, rtol=1e-5)
     changed = x.clone()
     changed[1, 25:] = torch.randn(12, DIM) * 50
-    torch.testing.assert_close(attention(changed, attn_mask=keep, is_causal=causal)[keep], out[keep],
-                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        attention(changed, attn_mask=keep, is_causal=causal)[keep], out[keep], atol=1e-6, rtol=1e-5
+    )
     # A sample whose every key is padded gives a finite (zero) output.
     keep[0] = False
     assert torch.isfinite(attention(x, attn_mask=keep, is_causal=causal)).all()
@@ -432,11 +434,13 @@ def test_no_redraws_when_the_interval_is_zero():
     assert torch.equal(attention.random_features, initial)
 
 
-def test_fused_favor_refuses_double_backward_and_keys_longer_than_queries_take_the_reference_path():
+def test_blocked_favor_refuses_double_backward_and_keys_longer_than_queries_take_the_reference_path():
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 37, 8, generator=generator, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(1, 2, 60, 8, generator=generator, dtype=torch.float64) for _ in range(2))
     projection = torch.randn(16, 8, generator=generator, dtype=torch.float64)
-    torch.testing.assert_close(favor_attention(q, k, v, projection), favor_attention(q, k, v, projection, fused=False))
+    torch.testing.assert_close(
+        favor_attention(q, k, v, projection), favor_attention(q, k, v, projection, reference=True)
+    )
     with pytest.raises(RuntimeError, match="no double backward"):
         torch.autograd.grad(favor_attention(q, q, q, projection).square().sum(), q, create_graph=True)

@@ -1,4 +1,5 @@
 """Linformer, Nystromformer, Synthesizer and softmax-one: exact limits, naive references, padding, sharing, errors."""
+
 import copy
 
 import pytest
@@ -71,27 +72,27 @@ def naive_softmax1(q, k, v, keep=None, causal=False):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("fused", [True, False])
-def test_softmax1_matches_the_naive_formula_with_gradients(fused, causal):
+@pytest.mark.parametrize("reference", [False, True])
+def test_softmax1_matches_the_naive_formula_with_gradients(reference, causal):
     q, k, v = heads(37)
     keep = padding(37)
     expected = naive_softmax1(q, k, v, keep, causal)
-    out = softmax1_attention(q, k, v, keep, causal, fused=fused)
+    out = softmax1_attention(q, k, v, keep, causal, reference=reference)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v)):
         torch.testing.assert_close(got, want)
 
 
-def test_softmax1_module_fused_equals_reference_and_gives_little_weight_when_logits_are_low():
-    fused, reference = build("softmax1"), build("softmax1", fused=False)
+def test_softmax1_module_fast_path_equals_reference_and_gives_little_weight_when_logits_are_low():
+    fast, reference = build("softmax1"), build("softmax1", reference=True)
     keep = padding(37)
     for causal in (False, True):
-        torch.testing.assert_close(fused(tokens(37), keep, causal), reference(tokens(37), keep, causal))
+        torch.testing.assert_close(fast(tokens(37), keep, causal), reference(tokens(37), keep, causal))
     # Every key of sample 1 padded: no weight anywhere, so the attention output is exactly zero (not NaN).
     q, k, v = heads(37)
     keep[1] = False
-    for fused_path in (True, False):
-        out = softmax1_attention(q, k, v, keep, fused=fused_path)
+    for reference_path in (False, True):
+        out = softmax1_attention(q, k, v, keep, reference=reference_path)
         assert torch.isfinite(out).all() and out[1].abs().max() == 0
 
 
@@ -117,7 +118,7 @@ def test_linformer_uses_leading_columns_and_zeroes_padded_keys_before_projecting
     e, f = (p.detach().double()[:, :37] for p in (linformer.compress_k, linformer.compress_v))
     # Naive: padded keys and values replaced by zero, then the projections and exact attention.
     k0, v0 = k * keep[:, None, :, None], v * keep[:, None, :, None]
-    expected = softmax_attention(q, e @ k0, f @ v0, fused=False)
+    expected = softmax_attention(q, e @ k0, f @ v0, reference=True)
     out = linformer_attention(q, k, v, e, f, keep)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v)):
@@ -143,10 +144,12 @@ def test_linformer_options_and_lengths_are_checked():
 
 
 def test_linformer_layerwise_shares_one_projection_per_model():
-    tiny = dict(embed_dim=DIM, depth=3, num_heads=HEADS, num_classes=10, in_chans=1, img_size=32)
+    tiny = {"embed_dim": DIM, "depth": 3, "num_heads": HEADS, "num_classes": 10, "in_chans": 1, "img_size": 32}
     options = {"share": "layerwise", "k": 4, "max_seq_len": 8}
-    model, other = (zoo.create_model("vit_tiny_patch16_224", attention="linformer", attention_options=options, **tiny)
-                    for _ in range(2))
+    model, other = (
+        zoo.create_model("vit_tiny_patch16_224", attention="linformer", attention_options=options, **tiny)
+        for _ in range(2)
+    )
     shared = model.blocks[0].attn.compress
     assert all(block.attn.compress is shared for block in model.blocks)
     assert other.blocks[0].attn.compress is not shared
@@ -199,8 +202,10 @@ def test_nystrom_matches_the_naive_per_sample_reference_with_gradients(length, l
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     # Without a mask (and `length` not a multiple of the landmarks: padded internally) it matches too.
-    torch.testing.assert_close(nystrom_attention(q, k, v, num_landmarks=landmarks),
-                               naive_nystrom(q, k, v, torch.ones(BATCH, length, dtype=torch.bool), landmarks, 6))
+    torch.testing.assert_close(
+        nystrom_attention(q, k, v, num_landmarks=landmarks),
+        naive_nystrom(q, k, v, torch.ones(BATCH, length, dtype=torch.bool), landmarks, 6),
+    )
 
 
 def test_iterative_pinv_scales_per_sample_and_converges():
@@ -215,9 +220,10 @@ def test_iterative_pinv_scales_per_sample_and_converges():
 
 def test_nystrom_with_a_landmark_per_token_tends_to_exact_attention():
     q, k, v = heads(37)
-    exact = softmax_attention(q, k, v, fused=False)
-    errors = [relative_error(nystrom_attention(q, k, v, num_landmarks=37, pinv_iterations=i), exact)
-              for i in (2, 6, 10, 30)]
+    exact = softmax_attention(q, k, v, reference=True)
+    errors = [
+        relative_error(nystrom_attention(q, k, v, num_landmarks=37, pinv_iterations=i), exact) for i in (2, 6, 10, 30)
+    ]
     assert errors == sorted(errors, reverse=True)
     assert errors[1] < 0.08 and errors[-1] < 1e-6
     # The module computes exact attention directly when every token is its own landmark.
@@ -230,7 +236,7 @@ def test_nystrom_approximation_error_on_post_layernorm_inputs():
     # relative output error 0.52 / 0.40 / 0.26 with 16 / 32 / 64 landmarks and the paper's 6 pinv iterations,
     # against 0.60 for plain averaging of the values.
     q, k, v = heads(131)
-    exact = softmax_attention(q, k, v, fused=False)
+    exact = softmax_attention(q, k, v, reference=True)
     uniform = relative_error(v.mean(-2, keepdim=True).expand_as(v), exact)
     errors = [relative_error(nystrom_attention(q, k, v, num_landmarks=r), exact) for r in (16, 32, 64)]
     assert errors == sorted(errors, reverse=True)
@@ -249,8 +255,11 @@ def test_nystrom_approximation_keeps_samples_and_padding_apart():
 
 
 def test_nystrom_options_are_checked():
-    for options, message in [({"num_landmarks": 0}, "num_landmarks=0"), ({"conv_kernel_size": 4}, "must be odd"),
-                             ({"pinv_iterations": -1}, "pinv_iterations=-1")]:
+    for options, message in [
+        ({"num_landmarks": 0}, "num_landmarks=0"),
+        ({"conv_kernel_size": 4}, "must be odd"),
+        ({"pinv_iterations": -1}, "pinv_iterations=-1"),
+    ]:
         with pytest.raises(ValueError, match=message):
             build("nystrom", **options)
     assert build("nystrom", conv_kernel_size=0).conv is None
@@ -270,15 +279,15 @@ SYNTH_CONFIGS = [
 
 @pytest.mark.parametrize("options", SYNTH_CONFIGS, ids=lambda o: "-".join(map(str, o.values())))
 def test_synthesizer_fast_path_equals_reference_with_gradients(options):
-    fused = build("synthesizer", max_seq_len=64, **options)
-    reference = build("synthesizer", max_seq_len=64, fused=False, **options)
-    reference.load_state_dict(fused.state_dict())
+    fast = build("synthesizer", max_seq_len=64, **options)
+    reference = build("synthesizer", max_seq_len=64, reference=True, **options)
+    reference.load_state_dict(fast.state_dict())
     keep = padding(37)
     for causal in (False, True):
-        out, expected = fused(tokens(37), keep, causal), reference(tokens(37), keep, causal)
+        out, expected = fast(tokens(37), keep, causal), reference(tokens(37), keep, causal)
         torch.testing.assert_close(out, expected)
-        names = [name for name, _ in fused.named_parameters()]
-        for name, got, want in zip(names, grads(out, *fused.parameters()), grads(expected, *reference.parameters())):
+        names = [name for name, _ in fast.named_parameters()]
+        for name, got, want in zip(names, grads(out, *fast.parameters()), grads(expected, *reference.parameters())):
             torch.testing.assert_close(got, want, msg=name)
 
 
@@ -308,9 +317,9 @@ def test_synthesizer_logits_follow_the_paper():
     torch.testing.assert_close(fixed.logits(q, k)[0], fixed.random_left[:, :37] @ fixed.random_right[:, :37].mT)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_synthesizer_fully_mixed_towards_dot_products_is_exact_attention(fused):
-    synthesizer = build("synthesizer", max_seq_len=64, mix=1.0, fused=fused)
+@pytest.mark.parametrize("reference", [False, True])
+def test_synthesizer_fully_mixed_towards_dot_products_is_exact_attention(reference):
+    synthesizer = build("synthesizer", max_seq_len=64, mix=1.0, reference=reference)
     softmax = with_softmax_weights(synthesizer)
     keep = padding(37)
     for causal in (False, True):
@@ -333,26 +342,30 @@ def test_synthesizer_masks_padding_and_the_future_in_every_mode(options):
 def test_synthesizer_options_and_lengths_are_checked():
     with pytest.raises(ValueError, match="max_seq_len=64 but got a sequence of 65"):
         build("synthesizer", max_seq_len=64)(tokens(65))
-    for options, message in [({"mode": "sparse"}, "mode='sparse'"), ({"fixed_random": True}, "fixed_random"),
-                             ({"mix": 1.5}, "mix=1.5"), ({"rank": 0}, "rank=0")]:
+    for options, message in [
+        ({"mode": "sparse"}, "mode='sparse'"),
+        ({"fixed_random": True}, "fixed_random"),
+        ({"mix": 1.5}, "mix=1.5"),
+        ({"rank": 0}, "rank=0"),
+    ]:
         with pytest.raises(ValueError, match=message):
             build("synthesizer", **options)
     assert not hasattr(build("synthesizer", mix=0), "mix_weight")
 
 
 @pytest.mark.parametrize("length, landmarks", [(37, 8), (131, 16), (128, 16)])
-def test_nystrom_fused_equals_the_explicit_kernels_with_gradients(length, landmarks, monkeypatch):
+def test_nystrom_blocked_equals_the_explicit_kernels_with_gradients(length, landmarks, monkeypatch):
     # Small blocks: several query and key blocks, online softmax across key blocks, ragged last blocks.
     monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 13 * 8)
     monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 13)
     q, k, v = heads(length)
     for keep in (None, padding(length, kept=(length - 9, length))):
-        fused = nystrom_attention(q, k, v, keep, num_landmarks=landmarks)
-        reference = nystrom_attention(q, k, v, keep, num_landmarks=landmarks, fused=False)
+        blocked = nystrom_attention(q, k, v, keep, num_landmarks=landmarks)
+        reference = nystrom_attention(q, k, v, keep, num_landmarks=landmarks, reference=True)
         rows = slice(None) if keep is None else keep[:, None].expand(-1, HEADS, -1)
-        torch.testing.assert_close(fused[rows], reference[rows])
+        torch.testing.assert_close(blocked[rows], reference[rows])
         loss_mask = 1.0 if keep is None else keep[:, None, :, None]
-        for g, w in zip(grads(fused * loss_mask, q, k, v), grads(reference * loss_mask, q, k, v)):
+        for g, w in zip(grads(blocked * loss_mask, q, k, v), grads(reference * loss_mask, q, k, v)):
             torch.testing.assert_close(g, w)
 
 
@@ -361,12 +374,13 @@ def test_blocked_attention_equals_masked_softmax_with_gradients(masked, monkeypa
     monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 7 * 8)
     monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 7)
     for n, m in ((37, 5), (5, 37), (40, 41)):
-        q, k, v = (torch.randn(BATCH, HEADS, length, 6, dtype=torch.float64, requires_grad=True)
-                   for length in (n, m, m))
+        q, k, v = (
+            torch.randn(BATCH, HEADS, length, 6, dtype=torch.float64, requires_grad=True) for length in (n, m, m)
+        )
         keep = None
         if masked:  # sample 0 keeps half its keys, sample 1 none (its output is zero, not NaN)
             keep = torch.ones(BATCH, m, dtype=torch.bool)
-            keep[0, m // 2:], keep[1] = False, False
+            keep[0, m // 2 :], keep[1] = False, False
         out = blocked_attention(q, k, v, keep)
         expected = masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
         torch.testing.assert_close(out, expected)

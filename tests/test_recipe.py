@@ -46,7 +46,7 @@ def test_defaults():
     assert recipe.model.attention == AttentionConfig(name="softmax", options={})
     assert recipe.model.img_size == 224 and recipe.model.in_chans is None
     assert recipe.data == DataConfig()
-    assert recipe.data.canvas_size == 1024 and recipe.data.batch_size == 64
+    assert recipe.data.dataset_options().canvas_size == 1024 and recipe.data.batch_size == 64
     assert recipe.optim == OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, betas=[0.9, 0.999])
     assert recipe.schedule == ScheduleConfig()
     assert recipe.train == TrainConfig()
@@ -152,8 +152,8 @@ def test_unknown_key_reported_before_missing_name():
         ("model", "drop_path_rate", -0.1, "expected a number in [0, 1), got -0.1"),
         ("model", "mlp_ratio", 0, "expected a number > 0 or null, got 0"),
         ("model", "num_heads", 0, "expected an integer >= 1 or null, got 0"),
-        ("data", "canvas_size", 15, "expected an integer >= 16, got 15"),
-        ("data", "num_other", -1, "expected an integer >= 0, got -1"),
+        ("data.options", "canvas_size", 15, "expected an integer >= 16, got 15"),
+        ("data.options", "num_other", -1, "expected an integer >= 0, got -1"),
         ("optim", "lr", 0.0, "expected a number > 0, got 0.0"),
         ("optim", "lr", float("nan"), "expected a number > 0, got nan"),
         ("optim", "layer_decay", 1.5, "expected a number in (0, 1] or null, got 1.5"),
@@ -164,12 +164,19 @@ def test_unknown_key_reported_before_missing_name():
     ],
 )
 def test_out_of_range(section, key, value, expected):
-    assert error_of({"name": "x", section: {key: value}}) == f"<dict>: {section}.{key}: {expected}"
+    outer, _, inner = section.partition(".")
+    tree = {outer: {inner: {key: value}}} if inner else {section: {key: value}}
+    assert error_of({"name": "x", **tree}) == f"<dict>: {section}.{key}: {expected}"
 
 
 def test_range_bounds_are_inclusive_where_allowed():
     recipe = recipe_from_dict(
-        {"name": "x", "model": {"img_size": 8, "drop_rate": 0}, "optim": {"layer_decay": 1}, "data": {"num_other": 0}}
+        {
+            "name": "x",
+            "model": {"img_size": 8, "drop_rate": 0},
+            "optim": {"layer_decay": 1},
+            "data": {"options": {"num_other": 0}},
+        }
     )
     assert recipe.model.img_size == 8 and recipe.optim.layer_decay == 1.0
 
@@ -237,7 +244,7 @@ def test_attention_name_and_options_are_checked_against_the_variant():
     assert attention_error("nystrom", conv_kernel_size=1.5) == (
         "<dict>: model.attention.options.conv_kernel_size: expected an integer or null, got 1.5"
     )
-    options = {"eps": 0, "fused": False, "projection": "hadamard"}
+    options = {"eps": 0, "reference": True, "projection": "hadamard"}
     recipe = recipe_from_dict({"name": "x", "model": {"attention": {"name": "performer", "options": options}}})
     assert recipe.model.attention.options == options
 
@@ -249,7 +256,9 @@ def test_cross_field_checks():
     assert "model.num_heads: must divide embed_dim 100, got 3" in error_of(
         {"name": "x", "model": {"embed_dim": 100, "num_heads": 3}}
     )
-    assert "data.digit_size: must be <= canvas_size 16, got 28" in error_of({"name": "x", "data": {"canvas_size": 16}})
+    assert "data.options.digit_size: must be <= canvas_size 16, got 28" in error_of(
+        {"name": "x", "data": {"options": {"canvas_size": 16}}}
+    )
 
 
 # Files, bases and overrides
@@ -337,7 +346,9 @@ def test_base_inheritance(inherited):
     assert recipe.metrics == ["top1"] and recipe.optim.betas == [0.9, 0.95]
     # mappings merge at every depth
     assert recipe.model.depth == 2 and recipe.model.embed_dim == 192
-    assert recipe.model.attention == AttentionConfig(name="performer", options={"nb_features": 64, "redraw_interval": 100})
+    assert recipe.model.attention == AttentionConfig(
+        name="performer", options={"nb_features": 64, "redraw_interval": 100}
+    )
     assert recipe.train.epochs == 5
 
 
@@ -494,7 +505,9 @@ def test_dataset_options_keep_only_what_is_set():
 
 
 def test_options_schema_follows_the_dataset_name():
-    message = error_of({"name": "x", "data": {"options": {"window": 3}}})
+    message = error_of(
+        {"name": "x", "model": {"kind": "sequence"}, "data": {"name": "splice", "options": {"window": 3}}}
+    )
     assert message == "<dict>: data.options.window: unknown key; this section takes none"
     message = error_of({"name": "x", "model": {"kind": "sequence"}, "data": {"name": "fasta", "root": "/d"}})
     assert message == "<dict>: data.options.window: missing required key"
@@ -511,8 +524,9 @@ def test_metrics_are_checked_per_task():
 
 
 def test_one_d_recipe_round_trip(tmp_path):
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "genomes_quick.yaml",
-                         ["data.options.window=2048"])
+    recipe = load_recipe(
+        Path(__file__).resolve().parents[1] / "recipes" / "genomes_quick.yaml", ["data.options.window=2048"]
+    )
     assert recipe.model.kind == "sequence" and recipe.data.options == {"window": 2048, "rc_prob": 0.5}
     saved = save_recipe(recipe, tmp_path / "recipe.yaml")
     assert load_recipe(saved) == recipe

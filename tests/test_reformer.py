@@ -1,5 +1,6 @@
 """Reformer LSH attention: exact limits, the blocked fast path against the dense O(n^2) reference (outputs and
 gradients), hashing, causality, padding, rotations, bf16 and approximation quality."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,11 +88,18 @@ def test_a_repeated_column_that_wins_by_rounding_maps_to_its_original():
 
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-@pytest.mark.parametrize("n_hashes, fused", [(1, True), (4, True), (4, False)])
-def test_one_bucket_is_exact_shared_qk_attention(is_causal, masked, n_hashes, fused):
+@pytest.mark.parametrize("n_hashes, reference", [(1, False), (4, False), (4, True)])
+def test_one_bucket_is_exact_shared_qk_attention(is_causal, masked, n_hashes, reference):
     # bucket_size >= n: one bucket, one chunk; every round sees every key, so any number of hashes is exact.
     attention = zoo.create_attention(
-        "reformer", DIM, HEADS, n_hashes=n_hashes, fused=fused, qkv_bias=True, qk_norm=True, norm_layer=nn.LayerNorm
+        "reformer",
+        DIM,
+        HEADS,
+        n_hashes=n_hashes,
+        reference=reference,
+        qkv_bias=True,
+        qk_norm=True,
+        norm_layer=nn.LayerNorm,
     ).eval()
     x, keep = layer_normed(2, 37), padding_mask(2, 37) if masked else None
     out = attention(x, attn_mask=keep, is_causal=is_causal)
@@ -112,8 +120,8 @@ def test_fast_path_matches_the_dense_reference(is_causal, count_duplicates, leng
     rot = rotations(length, 8, rounds=3, dtype=torch.float64)
     keep = padding_mask(2, length) if masked else None
     fast, dense = (
-        lsh_attention(q, v, rot, keep, is_causal, bucket_size=8, count_duplicates=count_duplicates, fused=fused)
-        for fused in (True, False)
+        lsh_attention(q, v, rot, keep, is_causal, bucket_size=8, count_duplicates=count_duplicates, reference=reference)
+        for reference in (False, True)
     )
     rows = (keep if masked else torch.ones(2, length, dtype=torch.bool))[:, None, :].expand(-1, HEADS, -1)
     torch.testing.assert_close(fast[rows], dense[rows], rtol=1e-9, atol=1e-9)
@@ -194,8 +202,9 @@ def clustered(batch: int, length: int, clusters: int, seed: int) -> torch.Tensor
     generator = torch.Generator().manual_seed(seed)
     centers = torch.randn(batch, clusters, DIM, generator=generator)
     assign = torch.randint(0, clusters, (batch, length), generator=generator)
-    x = centers.gather(1, assign[..., None].expand(-1, -1, DIM)) + 0.1 * torch.randn(batch, length, DIM,
-                                                                                      generator=generator)
+    x = centers.gather(1, assign[..., None].expand(-1, -1, DIM)) + 0.1 * torch.randn(
+        batch, length, DIM, generator=generator
+    )
     return F.layer_norm(x, (DIM,))
 
 
@@ -234,7 +243,7 @@ def test_options_are_validated():
         ({"bucket_size": 0}, "bucket_size=0"),
         ({"bucket_size": 2.5}, "bucket_size=2.5"),
         ({"count_duplicates": "yes"}, "count_duplicates='yes'"),
-        ({"fused": 1}, "fused=1"),
+        ({"reference": 1}, "reference=1"),
     ]:
         with pytest.raises(ValueError, match=match):
             zoo.create_attention("reformer", DIM, HEADS, **options)

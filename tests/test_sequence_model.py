@@ -1,5 +1,6 @@
 """1-D sequence models: shapes per task and input, ViT weights, padding and causality, RevIN, PatchTST patching,
 gradient checkpointing, recurrent generation."""
+
 import pytest
 import timm
 import torch
@@ -49,8 +50,12 @@ def _seed():
         ("token_classification", "dna", {"num_classes": 5}, (B, N, 5)),
         ("token_classification", "kmer", {"num_classes": 5, "kmer": 4}, (B, N, 5)),
         ("forecast", "series", {**SERIES, "num_channels": 4}, (B, 11, 4)),
-        ("forecast", "series", {**SERIES, "num_channels": 4, "channel_independent": False, "forecast_loss": "mae"},
-         (B, 11, 4)),
+        (
+            "forecast",
+            "series",
+            {**SERIES, "num_channels": 4, "channel_independent": False, "forecast_loss": "mae"},
+            (B, 11, 4),
+        ),
         ("forecast", "series", {**SERIES, "num_channels": 4, "target_channels": [2]}, (B, 11, 1)),
         ("causal_lm", "dna", {}, (B, N, 8)),
     ],
@@ -138,8 +143,9 @@ def test_padded_tokens_never_change_a_pooled_result(attention, pool):
 
 @pytest.mark.parametrize("input", ["dna", "kmer"])
 def test_padded_tokens_never_change_per_token_outputs_at_kept_positions(input):
-    model = create_sequence_model("token_classification", input=input, attention="performer", num_classes=4,
-                                  **TINY).eval()
+    model = create_sequence_model(
+        "token_classification", input=input, attention="performer", num_classes=4, **TINY
+    ).eval()
     mask = _padding(kept=30)
     tokens, changed = _tokens(), _tokens()
     changed[~mask] = _tokens(seed=1)[~mask]
@@ -147,8 +153,9 @@ def test_padded_tokens_never_change_per_token_outputs_at_kept_positions(input):
 
 
 def test_padded_steps_never_change_a_forecast():
-    model = create_sequence_model("forecast", input="series", num_channels=3, seq_len=N, horizon=7, patch_len=8,
-                                  patch_stride=4, **TINY).eval()
+    model = create_sequence_model(
+        "forecast", input="series", num_channels=3, seq_len=N, horizon=7, patch_len=8, patch_stride=4, **TINY
+    ).eval()
     mask = _padding(kept=25)
     series = torch.randn(B, N, 3)
     # Missing steps may hold anything, NaN included.
@@ -163,7 +170,7 @@ def test_causal_lm_never_sees_the_future(attention):
     logits = model(tokens)
     for t in (0, 17, N - 2):
         changed = tokens.clone()
-        changed[:, t + 1:] = _tokens(seed=t + 1)[:, t + 1:]
+        changed[:, t + 1 :] = _tokens(seed=t + 1)[:, t + 1 :]
         torch.testing.assert_close(model(changed)[:, : t + 1], logits[:, : t + 1])
 
 
@@ -217,7 +224,7 @@ def test_patchtst_patch_counts(length, patch_len, stride, expected):
     patches, _ = independent.patchify(series)
     # The last patch ends on the end padding: the last step repeated `stride` times.
     torch.testing.assert_close(patches[..., -1, -1], series[..., -1])
-    torch.testing.assert_close(patches[..., 1, :], series[..., stride:stride + patch_len])
+    torch.testing.assert_close(patches[..., 1, :], series[..., stride : stride + patch_len])
 
 
 def test_kmer_ids_count_in_base_four_and_mark_unknown_windows():
@@ -228,7 +235,9 @@ def test_kmer_ids_count_in_base_four_and_mark_unknown_windows():
     assert ids.tolist() == [[base + 0 * 16 + 1 * 4 + 2, embed.other_id, embed.other_id]]
     assert kept.all()
     assert embed.kmer_ids(torch.zeros(1, 10, dtype=torch.long) + 3, torch.ones(1, 10, dtype=torch.bool))[0].shape == (
-        1, 4)
+        1,
+        4,
+    )
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -269,8 +278,16 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 @pytest.mark.parametrize("attention, causal", [("performer", False), ("performer", True)])
 def test_long_sequences_run_forward_with_linear_attention(attention, causal):
     task = "causal_lm" if causal else "classification"
-    model = create_sequence_model(task, attention=attention, attention_options={"nb_features": 16},
-                                  num_classes=2, depth=1, dim=32, num_heads=2, max_len=512).eval()
+    model = create_sequence_model(
+        task,
+        attention=attention,
+        attention_options={"nb_features": 16},
+        num_classes=2,
+        depth=1,
+        dim=32,
+        num_heads=2,
+        max_len=512,
+    ).eval()
     with torch.no_grad():
         out = model(torch.randint(3, 8, (1, 8192)))
     assert torch.isfinite(out).all()
@@ -331,5 +348,6 @@ def test_recurrent_step_of_linear_variants_matches_the_full_forward(attention):
     tokens = _tokens(length=19)
     torch.testing.assert_close(recurrent_logits(model, tokens), model(tokens), atol=1e-4, rtol=1e-4)
     prompt = tokens[:, :5]
-    assert torch.equal(generate(model, prompt, 8, temperature=0), generate(model, prompt, 8, temperature=0,
-                                                                          recurrent=False))
+    assert torch.equal(
+        generate(model, prompt, 8, temperature=0), generate(model, prompt, 8, temperature=0, recurrent=False)
+    )

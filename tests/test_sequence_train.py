@@ -1,5 +1,6 @@
 """1-D recipes end to end: train and evaluate DNA and time-series recipes through the image path's Trainer and
 evaluate_run, at tiny sizes; the schema's 1-D keys and their one-line errors."""
+
 import dataclasses
 import inspect
 import json
@@ -12,13 +13,13 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from zoo import engine
-
-from zoo.data import DATASET_TASKS, build_dataset, dataset_options, debian
+from zoo import engine, model_kinds
+from zoo.data import INPUT_KINDS, DataContext, build_dataset, debian, get_dataset, list_datasets
 from zoo.engine import Trainer
 from zoo.evaluation import evaluate_run
 from zoo.models import create_sequence_model
-from zoo.recipe import DATASET_OPTIONS, RecipeError, SequenceConfig, load_recipe, recipe_from_dict
+from zoo.recipe import RecipeError, SequenceConfig, load_recipe, recipe_from_dict
+from zoo.tasks import list_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -26,8 +27,14 @@ pytestmark = pytest.mark.usefixtures("no_network")
 
 # Shrinks any shipped 1-D recipe to seconds: a 1-block, 16-wide model, a few optimizer steps, no workers.
 TINY = [
-    "model.embed_dim=16", "model.depth=1", "model.num_heads=2", "data.num_workers=0", "train.epochs=1",
-    "train.max_steps=3", "train.mixed_precision=no", "schedule.warmup_steps=1",
+    "model.embed_dim=16",
+    "model.depth=1",
+    "model.num_heads=2",
+    "data.num_workers=0",
+    "train.epochs=1",
+    "train.max_steps=3",
+    "train.mixed_precision=no",
+    "schedule.warmup_steps=1",
 ]
 
 
@@ -81,11 +88,19 @@ def test_elecdemand_forecast_trains_and_reports_baselines(tmp_path):
 
 
 @needs("gbrowse-data")
-@pytest.mark.parametrize("tokens", [
-    [],
-    ["model.sequence.input=kmer", "model.sequence.kmer=4", "model.sequence.kmer_stride=4",
-     "model.attention.name=linear", "model.attention.options={}"],
-])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        [],
+        [
+            "model.sequence.input=kmer",
+            "model.sequence.kmer=4",
+            "model.sequence.kmer_stride=4",
+            "model.attention.name=linear",
+            "model.attention.options={}",
+        ],
+    ],
+)
 def test_yeast_per_position_metrics(tmp_path, tokens):
     overrides = [*TINY, "data.options.window=512", *tokens]
     result = fit(load_recipe(RECIPES / "yeast_coding_quick.yaml", overrides), tmp_path / "run")
@@ -108,20 +123,27 @@ def test_causal_lm_on_dna(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data.options.windw=3"],
-         "data.options.windw: unknown key (did you mean 'window'?); allowed: window, rc_prob"),
+        (
+            ["data.options.windw=3"],
+            "data.options.windw: unknown key (did you mean 'window'?); allowed: window, rc_prob",
+        ),
         (["data.options.window=0"], "data.options.window: expected an integer >= 1, got 0"),
-        (["task=forecast"],
-         "serves 'classification', 'causal_lm'; task 'forecast' needs elecdemand, forecast_csv"),
-        (["model.sequence.input=series"],
-         "model.sequence.input: data.name 'genomes' holds dna data: takes 'dna', 'kmer', got 'series'"),
-        (["metrics=[top1, mse]"],
-         "metrics[1]: task 'classification' takes one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', got 'mse'"),
+        (["task=forecast"], "serves 'classification', 'causal_lm'; task 'forecast' needs elecdemand, forecast_csv"),
+        (
+            ["model.sequence.input=series"],
+            "model.sequence.input: data.name 'genomes' holds dna data: takes 'dna', 'kmer', got 'series'",
+        ),
+        (
+            ["metrics=[top1, mse]"],
+            "metrics[1]: task 'classification' takes one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', got 'mse'",
+        ),
         (["model.kind=vit"], "model.sequence: only model.kind 'sequence' takes these options, got model.kind 'vit'"),
         (["model.stem=conv"], "model.stem: a ViT option, unused by model.kind 'sequence'; leave it out, got 'conv'"),
         (["model.sequence.kmer_stride=7"], "model.sequence.kmer_stride: must be <= kmer 6 (no base skipped), got 7"),
-        (["model.sequence.patch_len=32"],
-         "model.sequence.patch_len: only input 'series' uses it (input is 'kmer'); leave it at 16, got 32"),
+        (
+            ["model.sequence.patch_len=32"],
+            "model.sequence.patch_len: only input 'series' uses it (input is 'kmer'); leave it at 16, got 32",
+        ),
         (["data.name=ucr"], "data.options.window: unknown key; allowed: ucr_name, val_fraction, znorm"),
     ],
 )
@@ -149,9 +171,20 @@ def test_required_options_and_roots():
 
 def test_cli_error_is_one_line(tmp_path):
     result = subprocess.run(
-        [sys.executable, "tools/train.py", str(RECIPES / "elecdemand_quick.yaml"), "--set", "data.options.horizn=192",
-         "--output", str(tmp_path / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "tools/train.py",
+            str(RECIPES / "elecdemand_quick.yaml"),
+            "--set",
+            "data.options.horizn=192",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -159,12 +192,13 @@ def test_cli_error_is_one_line(tmp_path):
 
 
 def test_option_schemas_match_the_datasets():
-    # every option a recipe may set is one the dataset's builder takes; every dataset has a schema and a task
-    assert set(DATASET_OPTIONS) == set(DATASET_TASKS)
-    for name, schema in DATASET_OPTIONS.items():
-        assert {f.name for f in dataclasses.fields(schema)} <= set(dataset_options(name)), name
-    with pytest.raises(ValueError, match="unknown option 'windw' for dataset 'genomes'; did you mean 'window'"):
-        build_dataset("genomes", "train", is_training=True, windw=3)
+    # every dataset registers an options dataclass (the one a recipe is checked against), a kind and its tasks
+    for name in list_datasets():
+        spec = get_dataset(name)
+        assert dataclasses.is_dataclass(spec.options) and spec.kind in INPUT_KINDS, name
+        assert spec.tasks and set(spec.tasks) <= set(list_tasks()), name
+    with pytest.raises(ValueError, match=r"unknown option 'windw' for dataset 'genomes' \(did you mean 'window'"):
+        build_dataset("genomes", DataContext("train", is_training=True), windw=3)
 
 
 def test_sequence_defaults_are_the_model_builders():
@@ -177,8 +211,12 @@ def test_sequence_defaults_are_the_model_builders():
 
 def test_metrics_left_out_default_to_the_tasks_own():
     base = {"name": "x", "model": {"kind": "sequence"}}
-    forecast = {**base, "task": "forecast", "data": {"name": "elecdemand"},
-                "model": {"kind": "sequence", "sequence": {"input": "series"}}}
+    forecast = {
+        **base,
+        "task": "forecast",
+        "data": {"name": "elecdemand"},
+        "model": {"kind": "sequence", "sequence": {"input": "series"}},
+    }
     assert recipe_from_dict(forecast).metrics == ["mse", "mae"]
     assert recipe_from_dict({**base, "task": "causal_lm", "data": {"name": "splice"}}).metrics == ["perplexity", "top1"]
     assert recipe_from_dict({**base, "data": {"name": "splice"}}).metrics == ["top1", "top5", "f1"]
@@ -196,10 +234,10 @@ class _Items(torch.utils.data.Dataset):
 
 
 def test_sequence_length_is_the_longest_item_not_the_first():
-    assert engine._sequence_length(_Items([20, 400, 37])) == 400
+    assert model_kinds.sequence_length(_Items([20, 400, 37])) == 400
     stored = _Items([20])
     stored.sequences = [range(20), range(400)]
-    assert engine._sequence_length(stored) == 400
+    assert model_kinds.sequence_length(stored) == 400
 
 
 class _TwoProcesses:
@@ -209,7 +247,7 @@ class _TwoProcesses:
     num_processes = 2
 
     def pad_across_processes(self, tensor, dim):
-        padding = tensor.new_zeros((*tensor.shape[:dim], 3, *tensor.shape[dim + 1:])) + 0
+        padding = tensor.new_zeros((*tensor.shape[:dim], 3, *tensor.shape[dim + 1 :])) + 0
         return torch.cat([tensor.long() if tensor.dtype == torch.bool else tensor, padding], dim=dim)
 
     def gather_for_metrics(self, tensors):

@@ -6,6 +6,7 @@ the confusion matrix to <run>/confusion_<split>.png.
     tools/eval.py runs/quickstart --checkpoint last --split val
     tools/eval.py runs/elecdemand_quick        # with the seasonal-naive and linear forecasts' MSE / MAE
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,11 @@ from zoo.evaluation import evaluate_run
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a run directory written by tools/train.py")
-    parser.add_argument("--checkpoint", default="best",
-                        help="best | last | a checkpoint directory | a .safetensors file (default: best)")
+    parser.add_argument(
+        "--checkpoint",
+        default="best",
+        help="best | last | a checkpoint directory | a .safetensors file (default: best)",
+    )
     parser.add_argument("--split", default="test", choices=("val", "test"))
     parser.add_argument("--output", help="where to write the JSON (default: <run_dir>/eval.json)")
     return parser.parse_args()

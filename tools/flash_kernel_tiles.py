@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Time PyTorch's CPU flash-attention kernel alone on batches of equal query / key blocks, the calls the windowed
-variants are made of (`zoo/attention/_blocks.py`): forward and backward, full and causal, GFLOP/s. It shows the
+variants are made of (`zoo/attention/_flash_parts.py`): forward and backward, full and causal, GFLOP/s. It shows the
 floor under `local`, `dilated`, `longformer`, `bigbird` and `banded_conv` on this machine, and whether a causal
 block is cheaper than a full one (with torch 2.14 it is only when the keys span more than one 512-key tile).
 

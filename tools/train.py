@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Train a recipe through accelerate.
 
-    tools/train.py recipes/quickstart.yaml
-    tools/train.py recipes/vit_performer_1024.yaml --set train.epochs=3 model.attention.options.nb_features=128
-    tools/train.py recipes/elecdemand_quick.yaml --set data.options.horizon=192
-    accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
+tools/train.py recipes/quickstart.yaml
+tools/train.py recipes/vit_performer_1024.yaml --set train.epochs=3 model.attention.options.nb_features=128
+tools/train.py recipes/elecdemand_quick.yaml --set data.options.horizon=192
+accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,22 @@ from zoo.recipe import load_recipe
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="path of a recipe YAML file")
-    parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                        help="override recipe values, e.g. --set train.epochs=3 model.attention.name=softmax")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override recipe values, e.g. --set train.epochs=3 model.attention.name=softmax",
+    )
     parser.add_argument("--output", help="run directory (default: the recipe's output_dir, else runs/<name>)")
     parser.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start afresh in a run directory that holds checkpoints (replaced once new ones exist)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a run directory that holds checkpoints (replaced once new ones exist)",
+    )
     return parser.parse_args()
 
 

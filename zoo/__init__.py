@@ -1,12 +1,25 @@
 """zoo: efficient attention on timm backbones, trained from YAML recipes through accelerate."""
+
 from .attention import (
     AttentionBase,
     attention_class,
+    auxiliary_loss,
     create_attention,
     list_attentions,
     on_optimizer_step,
     register_attention,
 )
+from .models import create_model, load_pretrained
 
+__all__ = [
+    "AttentionBase",
+    "attention_class",
+    "auxiliary_loss",
+    "create_attention",
+    "create_model",
+    "list_attentions",
+    "load_pretrained",
+    "on_optimizer_step",
+    "register_attention",
+]
 __version__ = "0.1.0"
-from .models import create_model, load_pretrained  # noqa: E402

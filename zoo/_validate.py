@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["check_int", "did_you_mean", "unknown_name"]
+__all__ = ["check_bool", "check_int", "did_you_mean", "unknown_name"]
 
 
 def did_you_mean(name: object, choices: Iterable[object], n: int = 3) -> str:
@@ -26,6 +26,13 @@ def check_int(name: str, value: object, minimum: int | None = None, maximum: int
         raise ValueError(f"{name}={value!r} must be an integer{_range(minimum, maximum)}")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise ValueError(f"{name}={value!r} must be an integer{_range(minimum, maximum)}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    """`value` if it is True or False; anything else (0, 1, "yes") is refused by name."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
     return value
 
 

@@ -1,10 +1,11 @@
 """Shared plumbing for the `tools/` command lines: user errors become one line on stderr and exit code 2."""
+
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["run_cli"]
 

@@ -1,15 +1,16 @@
 """Training and evaluation of a recipe through accelerate (CPU, one GPU, many GPUs under `accelerate launch`).
 
-Images come as `(image, label)` batches to a timm ViT trained with cross-entropy; the 1-D sets as dicts padded by
-`PadCollate` (`tokens` or `values`, `mask`, and the task's targets) to a `SequenceModel`, trained with its own
-`loss`. Either way the attention's `auxiliary_loss` is added, and the best checkpoint is the one with the best
-validation score of the task (`zoo.metrics.selection_metric`).
+Every batch is a dict (`zoo.data.collate_for`: `{"image", "label"}`, or the 1-D sets' `tokens` or `values`, `mask`
+and targets, padded); the model kind (`zoo.model_kinds`) builds the model and says which keys it reads, the task
+(`zoo.tasks`) which key holds the targets, the loss, the metrics and the validation score that picks the best
+checkpoint. The attention's `auxiliary_loss` is added to the task's loss.
 
 A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation),
 `checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state) and
 `train_summary.json`. A checkpoint is written to a temporary directory and renamed into place, so a crash never
 leaves a partial checkpoint where a good one was.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,10 +20,10 @@ import math
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -35,25 +36,21 @@ from tqdm.auto import tqdm
 
 from .attention import on_optimizer_step
 from .attention._registry import auxiliary_loss
-from .data import DATASET_DOMAINS, PadCollate, build_dataset
-from .metrics import build_metrics, metrics_to_python, selection_metric, task_inputs
-from .models import SequenceModel, create_model, create_sequence_model
+from .data import DataContext, build_dataset, collate_for, get_dataset
+from .metrics import metrics_to_python
+from .model_kinds import get_model_kind
 from .recipe import Recipe, save_recipe
+from .tasks import Task
 
 __all__ = [
     "Trainer",
-    "batch_loss",
     "build_loader",
-    "build_model",
-    "build_sequence_model",
     "build_split",
+    "data_context",
     "evaluate",
     "find_checkpoint",
     "model_for",
-    "num_outputs",
-    "position_mask",
     "resolve_mixed_precision",
-    "unpack_batch",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -83,206 +80,57 @@ def resolve_mixed_precision(value: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def _sequence_options(recipe: Recipe, split: str) -> dict[str, Any]:
-    """Constructor options of a 1-D dataset: the recipe's data.options, data.root, and the seed and window
-    counts that the recipe holds in its shared keys."""
-    data = recipe.data
-    options = dict(data.options)
-    if data.root is not None:
-        options["root"] = data.root
-    if data.name in ("genomes", "yeast_coding", "fasta", "genomic_benchmarks"):
-        options["seed"] = data.seed
-    if data.name == "genomes":
-        counts = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}
-        options["num_windows"] = counts[split]
-    return options
+def data_context(recipe: Recipe, split: str) -> DataContext:
+    """What a dataset builder reads of the recipe besides data.options: the split, seed, sample count, root and
+    the model's image size."""
+    data, model = recipe.data, recipe.model
+    samples = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}
+    return DataContext(
+        split=split,
+        is_training=split == "train",
+        seed=data.seed,
+        num_samples=samples.get(split),
+        root=data.root,
+        img_size=model.img_size,
+        in_chans=model.in_chans,
+        dynamic_img_size=model.dynamic_img_size,
+    )
 
 
 def build_split(recipe: Recipe, split: str) -> Dataset:
-    data, model = recipe.data, recipe.model
-    is_training = split == "train"
-    if DATASET_DOMAINS[data.name] != "image":
-        return build_dataset(data.name, split, is_training=is_training, **_sequence_options(recipe, split))
-    if data.name == "megamnist":
-        if data.canvas_size != model.img_size and not model.dynamic_img_size:
-            raise ValueError(
-                f"model.img_size ({model.img_size}) must equal data.canvas_size ({data.canvas_size}) "
-                "unless model.dynamic_img_size is true"
-            )
-        samples = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}[split]
-        options = dict(
-            canvas_size=data.canvas_size, num_samples=samples, num_target=data.num_target,
-            num_other=data.num_other, num_clutter=data.num_clutter, digit_size=data.digit_size, seed=data.seed,
-        )
-    else:
-        if data.root is None:
-            raise ValueError("data.root: the folder dataset needs the path of an ImageFolder tree")
-        options = dict(root=data.root, img_size=model.img_size, in_chans=model.in_chans or 3)
-    return build_dataset(data.name, split, is_training=is_training, **options)
-
-
-def build_model(recipe: Recipe, num_classes: int, in_chans: int) -> nn.Module:
-    cfg = recipe.model
-    overrides = {
-        key: getattr(cfg, key)
-        for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
-        if getattr(cfg, key) is not None
-    }
-    model = create_model(
-        cfg.name,
-        attention=cfg.attention.name,
-        attention_options=cfg.attention.options,
-        block=cfg.block,
-        block_options=cfg.block_options,
-        reversible=cfg.reversible,
-        ff_chunks=cfg.ff_chunks,
-        pretrained=cfg.pretrained,
-        pretrained_file=cfg.pretrained_file,
-        stem=cfg.stem,
-        img_size=cfg.img_size,
-        num_classes=num_classes,
-        in_chans=cfg.in_chans or in_chans,
-        drop_rate=cfg.drop_rate,
-        drop_path_rate=cfg.drop_path_rate,
-        attn_drop_rate=cfg.attn_drop_rate,
-        dynamic_img_size=cfg.dynamic_img_size,
-        **overrides,
-        **cfg.timm_kwargs,
-    )
-    if cfg.grad_checkpointing:
-        model.set_grad_checkpointing(True)
-    return model
-
-
-def _sequence_length(dataset: Dataset) -> int:
-    """Input length of the split: its look-back, window or longest series, else its longest sequence. Never
-    the first item's: the learned position table would be stretched over every longer batch."""
-    for attr in ("lookback", "window", "max_length"):
-        if getattr(dataset, attr, None):
-            return int(getattr(dataset, attr))
-    sequences = getattr(dataset, "sequences", None)
-    if sequences is not None:
-        return max(len(sequence) for sequence in sequences)
-    samples = (dataset[i] for i in range(len(dataset)))
-    return max(len(sample["tokens"] if "tokens" in sample else sample["values"]) for sample in samples)
-
-
-def _forecast_shape(dataset: Dataset) -> dict[str, Any]:
-    """Channels in, horizon, and which input channels are the targets (None: all of them, in order)."""
-    inputs, targets = list(dataset.input_index), list(dataset.target_index)
-    missing = [dataset.columns[t] for t in targets if t not in inputs]
-    if missing:
-        names = [dataset.columns[i] for i in inputs]
-        raise ValueError(f"data.options.targets {missing} must be among the inputs {names}")
-    channels = None if targets == inputs else [inputs.index(t) for t in targets]
-    return {"num_channels": len(inputs), "horizon": dataset.horizon, "target_channels": channels}
-
-
-def build_sequence_model(recipe: Recipe, train_set: Dataset) -> SequenceModel:
-    """The recipe's 1-D model, sized from its training split (classes, channels, length, horizon)."""
-    cfg, seq = recipe.model, recipe.model.sequence
-    shared = {
-        key: value for key, value in (("dim", cfg.embed_dim), ("depth", cfg.depth), ("num_heads", cfg.num_heads),
-                                      ("mlp_ratio", cfg.mlp_ratio)) if value is not None
-    }
-    sizes: dict[str, Any] = {"seq_len": _sequence_length(train_set)}
-    if recipe.task == "forecast":
-        sizes.update(_forecast_shape(train_set))
-    elif seq.input == "series":
-        sizes["num_channels"] = train_set.in_chans
-    if recipe.task in ("classification", "token_classification"):
-        sizes["num_classes"] = train_set.num_classes
-    return create_sequence_model(
-        recipe.task, input=seq.input, attention=cfg.attention.name, attention_options=cfg.attention.options,
-        positions=seq.positions, pool=seq.pool, max_len=seq.max_len, kmer=seq.kmer, kmer_stride=seq.kmer_stride,
-        patch_len=seq.patch_len, patch_stride=seq.patch_stride, channel_independent=seq.channel_independent,
-        revin=seq.revin, forecast_loss=seq.forecast_loss, tie_embeddings=seq.tie_embeddings,
-        drop_rate=cfg.drop_rate, attn_drop_rate=cfg.attn_drop_rate, drop_path_rate=cfg.drop_path_rate,
-        grad_checkpointing=cfg.grad_checkpointing, **shared, **sizes,
-    )
+    """The recipe's dataset for `split`."""
+    return build_dataset(recipe.data.name, data_context(recipe, split), **recipe.data.options)
 
 
 def model_for(recipe: Recipe, train_set: Dataset) -> nn.Module:
     """The recipe's model (`model.kind`), sized from the training split."""
-    if recipe.model.kind == "sequence":
-        return build_sequence_model(recipe, train_set)
-    return build_model(recipe, train_set.num_classes, train_set.in_chans)
-
-
-def num_outputs(recipe: Recipe, dataset: Dataset) -> int:
-    """Classes the metrics count: the vocabulary for causal_lm, none for forecast."""
-    if recipe.task == "causal_lm":
-        return dataset.vocab_size
-    return getattr(dataset, "num_classes", 0)
+    kind = get_model_kind(recipe.model.kind)
+    return kind.build(recipe, train_set, kind.task(recipe))
 
 
 def build_loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
-    """Shuffled, whole batches for training; every item, in order, for evaluation. 1-D items are padded."""
+    """Shuffled, whole batches for training; every item, in order, for evaluation. Batches are dicts (1-D items
+    padded)."""
     batch_size = recipe.data.batch_size if train else recipe.data.eval_batch_size or recipe.data.batch_size
     workers = recipe.data.num_workers
-    collate = PadCollate() if recipe.model.kind == "sequence" else None
     return DataLoader(
-        dataset, batch_size=batch_size, shuffle=train, drop_last=train, num_workers=workers,
-        persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(), collate_fn=collate,
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        drop_last=train,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        collate_fn=collate_for(get_dataset(recipe.data.name).kind),
     )
 
 
-# The batch key holding each task's targets; causal_lm predicts its own tokens.
-_TARGET_KEYS = {
-    "classification": "label", "token_classification": "labels", "forecast": "target", "causal_lm": "tokens",
-}
-# Tasks whose loss counts positions, so the input mask also masks the targets.
-_PER_POSITION = ("token_classification", "causal_lm")
-
-
-def unpack_batch(batch: Any, task: str) -> tuple[tuple[Tensor, ...], Tensor]:
-    """A loader batch -> (the model's positional inputs, the targets).
-
-    `(images [b, c, h, w], labels [b])` -> `((images,), labels)`; a 1-D dict -> `((tokens [b, n] or values
-    [b, n, c], mask [b, n]), targets)`, the targets `label [b]`, `labels [b, n]`, `target [b, t, c]` or, for
-    causal_lm, the tokens.
-    """
-    if not isinstance(batch, Mapping):
-        images, labels = batch
-        return (images,), labels
-    inputs = batch["tokens"] if "tokens" in batch else batch["values"]
-    return (inputs, batch["mask"]), batch[_TARGET_KEYS[task]]
-
-
-def position_mask(inputs: tuple[Tensor, ...], task: str) -> Optional[Tensor]:
-    """The `[b, n]` input mask where the task's loss and metrics count positions (token_classification,
-    causal_lm), else None."""
-    return inputs[1] if task in _PER_POSITION else None
-
-
-def batch_loss(
-    core: nn.Module, outputs: Tensor, mask: Optional[Tensor], targets: Tensor, task: str,
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """Mean loss of a batch: `core` (the unwrapped model) is a `SequenceModel` with its own loss, or a ViT.
-    `mask`: `position_mask` of the batch."""
-    if isinstance(core, SequenceModel):
-        return core.loss(outputs, targets, mask, label_smoothing=label_smoothing)
-    return nn.functional.cross_entropy(outputs.float(), targets, label_smoothing=label_smoothing)
-
-
-def _loss_units(task: str, mask: Optional[Tensor], targets: Tensor) -> int:
-    """How many terms `batch_loss` averages over: samples, target values, or kept labelled positions."""
-    if task == "forecast":
-        return targets.numel()
-    if task == "token_classification":
-        return int(((targets != -100) & mask).sum())
-    if task == "causal_lm":
-        return int(mask[:, 1:].sum())
-    return targets.shape[0]
-
-
 def _gather(
-    accelerator: Accelerator, outputs: Tensor, targets: Tensor, mask: Optional[Tensor]
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
-    """Every process's outputs, targets and position mask (no sample twice): only what the loss and metrics
-    read, never the inputs. Per-position batches are first padded to one length across processes, the padding
-    masked out."""
+    accelerator: Accelerator, outputs: Tensor, targets: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Every process's outputs, targets and target mask (no sample twice): only what the loss and metrics read,
+    never the inputs. Per-position batches are first padded to one length across processes, the padding masked
+    out."""
     tensors = (outputs, targets) if mask is None else (outputs, targets, mask)
     if accelerator.num_processes > 1 and mask is not None:
         # pad_across_processes pads with zeros through an addition, which turns a bool mask into int64
@@ -293,29 +141,34 @@ def _gather(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, accelerator: Accelerator, metric_names, num_classes: int,
-    task: str = "classification",
+    model: nn.Module,
+    loader: DataLoader,
+    accelerator: Accelerator,
+    *,
+    task: Task,
+    model_inputs: Callable[[Mapping[str, Tensor]], tuple[Tensor, ...]],
+    metric_names: Sequence[str],
+    num_classes: int,
 ) -> dict:
-    """Loss and metrics over the whole split, gathered from every process (no sample counted twice).
+    """Loss and metrics of `task` over the whole split, gathered from every process (no sample counted twice).
 
-    `num_classes`: the classes (the vocabulary for causal_lm; unused for forecast). The loss is the mean over
-    every sample, target value or kept position (as `batch_loss` averages).
+    `model_inputs`: the model's inputs from a batch (`ModelKind.inputs`). `num_classes`: what the metrics count
+    (`Task.num_outputs`). The loss is the mean over every term the task's loss averages (`Task.loss_units`).
     """
     model.eval()
-    core = accelerator.unwrap_model(model)
-    metrics = build_metrics(metric_names, num_classes, task).to(accelerator.device)
+    metrics = task.build_metrics(metric_names, num_classes).to(accelerator.device)
     loss_sum, units, count = torch.zeros((), device=accelerator.device), 0, 0
     for batch in loader:
-        inputs, targets = unpack_batch(batch, task)
+        targets, mask = task.targets(batch)
         with accelerator.autocast():
-            outputs = model(*inputs)
-        outputs, targets, mask = _gather(accelerator, outputs.float(), targets, position_mask(inputs, task))
-        batch_units = _loss_units(task, mask, targets)
+            outputs = model(*model_inputs(batch))
+        outputs, targets, mask = _gather(accelerator, outputs.float(), targets, mask)
+        batch_units = task.loss_units(targets, mask)
         if batch_units:
-            loss_sum += batch_loss(core, outputs, mask, targets, task) * batch_units
+            loss_sum += task.loss(outputs, targets, mask) * batch_units
         units += batch_units
         count += targets.shape[0]
-        metrics.update(*task_inputs(task, outputs, targets, mask))
+        metrics.update(*task.metric_inputs(outputs, targets, mask))
     result = {"loss": float(loss_sum) / max(units, 1), "samples": count}
     return {**result, **metrics_to_python(metrics.compute())}
 
@@ -328,7 +181,7 @@ def _state_checksum(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def find_checkpoint(run_dir: Path, which: str = "last") -> Optional[Path]:
+def find_checkpoint(run_dir: Path, which: str = "last") -> Path | None:
     """`checkpoints/<which>`, or its `.old` twin if a crash fell between the two renames of a save."""
     for candidate in (run_dir / "checkpoints" / which, run_dir / "checkpoints" / f"{which}.old"):
         if candidate.is_dir():
@@ -360,12 +213,18 @@ class Trainer:
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
         )
         set_seed(recipe.seed)
+        self.kind = get_model_kind(recipe.model.kind)
+        self.task = self.kind.task(recipe)
         train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
-        self.num_classes = num_outputs(recipe, train_set)
-        model = model_for(recipe, train_set)
+        self.num_classes = self.task.num_outputs(train_set)
+        model = self.kind.build(recipe, train_set, self.task)
         optimizer = create_optimizer_v2(
-            model, opt=recipe.optim.name, lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay,
-            layer_decay=recipe.optim.layer_decay, betas=tuple(recipe.optim.betas),
+            model,
+            opt=recipe.optim.name,
+            lr=recipe.optim.lr,
+            weight_decay=recipe.optim.weight_decay,
+            layer_decay=recipe.optim.layer_decay,
+            betas=tuple(recipe.optim.betas),
         )
         self.model, self.optimizer, self.train_loader, self.val_loader = self.accelerator.prepare(
             model, optimizer, build_loader(recipe, train_set, True), build_loader(recipe, val_set, False)
@@ -379,12 +238,12 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = self._scheduler()
         self.state = TrainState()
-        self.selection, self.higher_is_better = selection_metric(recipe.task, recipe.metrics)
+        self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
     def _scheduler(self):
         sched, warmup = self.recipe.schedule, self.recipe.schedule.warmup_steps
-        common = dict(warmup_t=warmup, warmup_lr_init=sched.warmup_lr, t_in_epochs=False)
+        common = {"warmup_t": warmup, "warmup_lr_init": sched.warmup_lr, "t_in_epochs": False}
         if sched.name == "cosine":
             return CosineLRScheduler(self.optimizer, t_initial=self.total_steps, lr_min=sched.min_lr, **common)
         decay_t = max(self.total_steps // 3, 1)
@@ -461,17 +320,21 @@ class Trainer:
         self.train_loader.set_epoch(self.state.epoch)
         skip = self.state.batch_in_epoch
         loader = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
-        bar = tqdm(total=self.steps_per_epoch, initial=skip // cfg.grad_accum_steps, disable=not self.is_main,
-                   desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}", dynamic_ncols=True,
-                   # redirected to a log (CI, a cluster job), a line per 30 s instead of a carriage return per step
-                   mininterval=0.1 if sys.stderr.isatty() else 30.0)
+        bar = tqdm(
+            total=self.steps_per_epoch,
+            initial=skip // cfg.grad_accum_steps,
+            disable=not self.is_main,
+            desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}",
+            dynamic_ncols=True,
+            # redirected to a log (CI, a cluster job), a line per 30 s instead of a carriage return per step
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,
+        )
         loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
         for batch in loader:
-            inputs, targets = unpack_batch(batch, self.recipe.task)
-            loss = self._train_batch(inputs, targets)
+            loss = self._train_batch(batch)
             loss_sum += loss.detach()
             batches += 1
-            samples += targets.shape[0] * acc.num_processes
+            samples += len(batch[self.task.target_key]) * acc.num_processes
             self.state.batch_in_epoch += 1
             if not acc.sync_gradients:
                 continue
@@ -481,8 +344,9 @@ class Trainer:
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}",
-                                refresh=False)
+                bar.set_postfix(
+                    loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}", refresh=False
+                )
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -494,15 +358,14 @@ class Trainer:
         mean_loss = float(acc.reduce(loss_sum, "mean")) / max(batches, 1)
         return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
 
-    def _train_batch(self, inputs: tuple[Tensor, ...], targets: Tensor) -> Tensor:
-        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in (see `unpack_batch`)."""
+    def _train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in."""
         acc, cfg = self.accelerator, self.recipe.train
+        targets, mask = self.task.targets(batch)
         with acc.accumulate(self.model):
             with acc.autocast():
-                outputs = self.model(*inputs)
-                task = self.recipe.task
-                loss = batch_loss(acc.unwrap_model(self.model), outputs, position_mask(inputs, task), targets, task,
-                                  cfg.label_smoothing)
+                outputs = self.model(*self.kind.inputs(batch))
+                loss = self.task.loss(outputs, targets, mask, label_smoothing=cfg.label_smoothing)
                 loss = loss + auxiliary_loss(self.model)
             acc.backward(loss)
             if acc.sync_gradients and cfg.clip_grad:
@@ -515,11 +378,21 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
-        metrics = evaluate(self.model, self.val_loader, self.accelerator, self.recipe.metrics, self.num_classes,
-                           self.recipe.task)
+        metrics = evaluate(
+            self.model,
+            self.val_loader,
+            self.accelerator,
+            task=self.task,
+            model_inputs=self.kind.inputs,
+            metric_names=self.recipe.metrics,
+            num_classes=self.num_classes,
+        )
         record = {
-            "epoch": self.state.epoch, "step": self.state.step, "train_loss": train_loss,
-            "lr": self._lr(), "samples_per_s": samples_per_s,
+            "epoch": self.state.epoch,
+            "step": self.state.step,
+            "train_loss": train_loss,
+            "lr": self._lr(),
+            "samples_per_s": samples_per_s,
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
         self._log_eval(record)
@@ -537,10 +410,14 @@ class Trainer:
         checksums = gather_object([_state_checksum(self.accelerator.unwrap_model(self.model))])
         if self.is_main:
             summary = {
-                "recipe": self.recipe.name, "steps": self.state.step, "epochs": self.state.epoch,
+                "recipe": self.recipe.name,
+                "steps": self.state.step,
+                "epochs": self.state.epoch,
                 "num_processes": self.accelerator.num_processes,
-                "mixed_precision": self.accelerator.mixed_precision, "device": str(self.accelerator.device),
-                "replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
+                "mixed_precision": self.accelerator.mixed_precision,
+                "device": str(self.accelerator.device),
+                "replica_checksums": checksums,
+                "replicas_identical": len(set(checksums)) == 1,
                 f"best_val_{self.selection}": self.state.best_metric * (1 if self.higher_is_better else -1),
                 "last_eval": last_eval,
             }

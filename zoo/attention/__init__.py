@@ -26,3 +26,6 @@ from . import vq  # noqa: E402,F401
 from . import banded_conv  # noqa: E402,F401
 from . import linear  # noqa: E402,F401
 from . import gau  # noqa: E402,F401
+from . import window2d  # noqa: E402,F401
+from . import neighborhood  # noqa: E402,F401
+from . import hedgehog  # noqa: E402,F401

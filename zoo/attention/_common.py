@@ -4,22 +4,23 @@ Letter legend for the einops patterns in this package:
     b - batch, h - heads, n - query length, m - key length, d - head dim, c - model dim,
     r - random features / landmarks / projected length, w - window or chunk length, k - number of chunks
 """
+
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-__all__ = ["AttentionBase", "key_padding_mask", "pad_to_multiple", "masked_fill_keys", "TIMM_ATTENTION_KEYS"]
+__all__ = ["TIMM_ATTENTION_KEYS", "AttentionBase", "key_padding_mask", "masked_fill_keys", "pad_to_multiple"]
 
 # Parameter prefixes of timm's `Attention`: the weights that copy between every variant and timm checkpoints.
 TIMM_ATTENTION_KEYS = ("qkv", "q_norm", "k_norm", "norm", "gate", "proj")
 
 
-def key_padding_mask(attn_mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+def key_padding_mask(attn_mask: Tensor | None, batch: int, length: int) -> Tensor | None:
     """Normalise a key padding mask to `[b, m]` bool, True = keep.
 
     Accepts `[b, m]` or timm's `[b, 1, 1, m]`, bool (True = keep) or additive float (0 = keep, -inf or a large
@@ -44,7 +45,7 @@ def key_padding_mask(attn_mask: Optional[Tensor], batch: int, length: int) -> Op
     return mask.expand(batch, length)
 
 
-def masked_fill_keys(x: Tensor, mask: Optional[Tensor], value: float = 0.0) -> Tensor:
+def masked_fill_keys(x: Tensor, mask: Tensor | None, value: float = 0.0) -> Tensor:
     """Set padded positions of `x: [b, h, m, *]` to `value`; `mask: [b, m]` bool, True = keep."""
     if mask is None:
         return x
@@ -66,10 +67,19 @@ class AttentionBase(nn.Module):
 
     The constructor takes timm's `Attention` arguments and creates the same submodules (`qkv`, `q_norm`,
     `k_norm`, `norm`, `gate`, `proj`), so weights copy between variants and stock timm checkpoints load. A
-    variant adds its own keyword-only options after `*`.
+    variant's constructor takes these arguments, in this order with these defaults, and passes them on to this
+    class unchanged; its own options follow as keyword-only arguments after `*`. A variant with a fast path takes
+    `reference: bool = False`: True selects the explicit pure-PyTorch reference path the tests compare with (on
+    outputs and every gradient, for every variant whose options include `reference`).
     """
 
     supports_causal: ClassVar[bool] = False
+    # Small options for the registry-driven test suite (B=2, N=37, dim 32, 2 heads): every per-variant test builds
+    # the variant with these, so a new variant needs no test edit.
+    test_options: ClassVar[dict] = {}
+    # 2-D variants attend on the patch grid: they take `grid_size` and `num_prefix_tokens` options and the model
+    # calls `set_grid` before each forward when the image size may change.
+    needs_grid: ClassVar[bool] = False
     # Variants that never form attention weights cannot apply attention dropout and refuse `attn_drop > 0`.
     has_attention_weights: ClassVar[bool] = False
     attention_name: ClassVar[str] = ""
@@ -78,8 +88,8 @@ class AttentionBase(nn.Module):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: Optional[int] = None,
-        dim_out: Optional[int] = None,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
         qkv_bias: bool = False,
         qk_norm: bool = False,
         scale_norm: bool = False,
@@ -87,7 +97,7 @@ class AttentionBase(nn.Module):
         gated: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        norm_layer: Optional[type[nn.Module]] = None,
+        norm_layer: type[nn.Module] | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -128,11 +138,11 @@ class AttentionBase(nn.Module):
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(self.norm(out)))
 
-    def prepare_mask(self, attn_mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+    def prepare_mask(self, attn_mask: Tensor | None, batch: int, length: int) -> Tensor | None:
         """The mask `attend` receives; by default a `[b, m]` key padding mask (True = keep)."""
         return key_padding_mask(attn_mask, batch, length)
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """`x: [b, n, c]` -> `[b, n, c]`."""
         if is_causal and not self.supports_causal:
             raise ValueError(f"attention {self.attention_name!r} has no causal mode")
@@ -140,7 +150,7 @@ class AttentionBase(nn.Module):
         q, k, v = self.project_qkv(x)
         return self.project_out(self.attend(q, k, v, mask, is_causal), x)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """q, k, v: `[b, h, n, d]`; mask: what `prepare_mask` returned -> `[b, h, n, d]`."""
         raise NotImplementedError
 

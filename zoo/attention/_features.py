@@ -9,10 +9,11 @@ gaussian, and structured orthogonal Hadamard blocks (SORF, Yu et al. 2016, https
 
 Letter legend: b - batch, h - heads, n - sequence length, d - head dim, r - features.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +22,13 @@ from torch import Tensor
 
 __all__ = [
     "PROJECTIONS",
-    "random_projection",
+    "elu_feature_map",
     "gaussian_orthogonal_random_matrix",
     "gaussian_random_matrix",
     "hadamard_random_matrix",
-    "softmax_kernel_features",
+    "random_projection",
     "relu_kernel_features",
-    "elu_feature_map",
+    "softmax_kernel_features",
 ]
 
 
@@ -42,7 +43,7 @@ def _check_matrix_args(nb_rows: int, nb_cols: int, scaling: str) -> None:
         raise ValueError(f"nb_rows {nb_rows} and nb_cols {nb_cols} must both be positive")
 
 
-def _row_norms(directions: Tensor, scaling: str, generator: Optional[torch.Generator]) -> Tensor:
+def _row_norms(directions: Tensor, scaling: str, generator: torch.Generator | None) -> Tensor:
     """Unit rows `[r, d]` (float64) -> rows of norm `chi_d` (a fresh gaussian vector's norm) or `sqrt(d)`."""
     nb_rows, nb_cols = directions.shape
     if scaling == "chi":
@@ -57,9 +58,9 @@ def gaussian_orthogonal_random_matrix(
     nb_cols: int,
     *,
     scaling: Literal["chi", "sqrt_d"] = "chi",
-    generator: Optional[torch.Generator] = None,
-    device: Optional[torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Block-orthogonal gaussian projection `[nb_rows, nb_cols]` (FAVOR+ "ORF").
 
@@ -85,9 +86,9 @@ def gaussian_random_matrix(
     nb_rows: int,
     nb_cols: int,
     *,
-    generator: Optional[torch.Generator] = None,
-    device: Optional[torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """iid N(0, 1) projection `[nb_rows, nb_cols]` (the plain random features), drawn like the orthogonal one."""
     _check_matrix_args(nb_rows, nb_cols, "chi")
@@ -117,9 +118,9 @@ def hadamard_random_matrix(
     nb_cols: int,
     *,
     scaling: Literal["chi", "sqrt_d"] = "sqrt_d",
-    generator: Optional[torch.Generator] = None,
-    device: Optional[torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Structured orthogonal random features (SORF) `[nb_rows, nb_cols]`, https://arxiv.org/abs/1610.09072.
 
@@ -157,9 +158,9 @@ def random_projection(
     nb_rows: int,
     nb_cols: int,
     *,
-    generator: Optional[torch.Generator] = None,
-    device: Optional[torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """A `[nb_rows, nb_cols]` random-feature projection of `kind`, one of `PROJECTIONS`.
 
@@ -188,7 +189,7 @@ def softmax_kernel_features(
     projection: Tensor,
     *,
     is_query: bool,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     causal: bool = False,
     normalize: bool = True,
     eps: float = 1e-4,
@@ -251,7 +252,7 @@ def relu_kernel_features(
     x: Tensor,
     projection: Tensor,
     *,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     normalize: bool = True,
     eps: float = 1e-3,
 ) -> Tensor:

@@ -11,12 +11,8 @@ combine exactly like online softmax: weights `exp(m_j - M_i)` with `M_i` the run
 Letter legend: b - batch, h - heads, n - query length, m - key length, d - value dim, e - value dim + 1
 (values with a ones column appended, whose output is the normaliser), r - features, k - chunks, w - chunk length.
 """
-from __future__ import annotations
 
-import functools
-import math
-from collections.abc import Callable
-from typing import Optional
+from __future__ import annotations
 
 import torch
 from einops import rearrange
@@ -25,12 +21,12 @@ from torch import Tensor
 from ._common import pad_to_multiple
 
 __all__ = [
-    "kernel_attention",
-    "kernel_attention_step",
-    "init_kernel_state",
+    "DENOMINATOR_EPS",
     "KernelState",
     "KernelStepMixin",
-    "DENOMINATOR_EPS",
+    "init_kernel_state",
+    "kernel_attention",
+    "kernel_attention_step",
 ]
 
 # (S: [b, h, r, d], z: [b, h, r], offset: [b, h]): sum_j exp(m_j - offset) phi_k_j v_j^T and phi_k_j.
@@ -65,7 +61,7 @@ def kernel_attention(
     phi_k: Tensor,
     v: Tensor,
     *,
-    key_log_scale: Optional[Tensor] = None,
+    key_log_scale: Tensor | None = None,
     is_causal: bool = False,
     chunk_size: int = 128,
     eps: float = DENOMINATOR_EPS,
@@ -111,7 +107,7 @@ def kernel_attention(
         return _normalise(out, eps).to(out_dtype)
 
 
-def _causal(phi_q: Tensor, phi_k: Tensor, v1: Tensor, log_scale: Optional[Tensor], chunk_size: int) -> Tensor:
+def _causal(phi_q: Tensor, phi_k: Tensor, v1: Tensor, log_scale: Tensor | None, chunk_size: int) -> Tensor:
     """Causal numerator and normaliser `[b, h, n, e]` by chunked prefix sums (see `kernel_attention`).
 
     Chunk states are kept as `[e, r]` (`v^T phi_k`): the transposed `phi_k^T v` ran at half speed on CPU.
@@ -169,9 +165,9 @@ def kernel_attention_step(
     phi_q: Tensor,
     phi_k: Tensor,
     v: Tensor,
-    state: Optional[KernelState] = None,
+    state: KernelState | None = None,
     *,
-    key_log_scale: Optional[Tensor] = None,
+    key_log_scale: Tensor | None = None,
     eps: float = DENOMINATOR_EPS,
 ) -> tuple[Tensor, KernelState]:
     """One token of causal kernel attention: O(r d) time and memory whatever the position.
@@ -207,7 +203,7 @@ def init_kernel_state(
     features: int,
     value_dim: int,
     *,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> KernelState:
     """The state before the first token: S `[b, h, r, d]` and z `[b, h, r]` zero, offset `[b, h]` at dtype's min."""
@@ -239,9 +235,7 @@ class KernelStepMixin:
 
     state_features: int
 
-    def step_features(
-        self, q: Tensor, k: Tensor, keep: Optional[Tensor]
-    ) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    def step_features(self, q: Tensor, k: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
         """This token's features, as the causal forward computes them.
 
         q, k: `[b, h, 1, d]`; keep: `[b, 1]` bool or None -> phi_q, phi_k `[b, h, 1, r]` (phi_k zero where not
@@ -258,7 +252,7 @@ class KernelStepMixin:
         )
 
     def decode_step(
-        self, x: Tensor, state: Optional[KernelState] = None, *, keep: Optional[Tensor] = None
+        self, x: Tensor, state: KernelState | None = None, *, keep: Tensor | None = None
     ) -> tuple[Tensor, KernelState]:
         """One causal step, projections included.
 
@@ -276,123 +270,11 @@ class KernelStepMixin:
         q, k, v = self.project_qkv(tokens)
         phi_q, phi_k, log_scale = self.step_features(q, k, None if keep is None else keep[:, None].bool())
         out, state = kernel_attention_step(
-            phi_q[:, :, 0], phi_k[:, :, 0], v[:, :, 0], state,
+            phi_q[:, :, 0],
+            phi_k[:, :, 0],
+            v[:, :, 0],
+            state,
             key_log_scale=None if log_scale is None else log_scale[..., 0],
         )
         out = self.project_out(out[:, :, None], tokens)
         return (out[:, 0] if single else out), state
-
-# Shared by the fused (blocked, custom-backward) non-causal kernels of `performer` and `linear`: a reusable
-# workspace, row blocks, and a head split whose backward hands the packed qkv gradient on without a copy.
-
-
-class Workspace:
-    """One flat buffer, viewed as a contiguous tensor of any smaller shape."""
-
-    def __init__(self, like: Tensor, numel: int) -> None:
-        self.buffer = like.new_empty(numel)
-
-    def view(self, *shape: int) -> Tensor:
-        return self.buffer[: math.prod(shape)].view(shape)
-
-
-def first_order_only(backward: Callable) -> Callable:
-    """Decorates a hand-written `backward` that implements no second-order terms: under `create_graph=True`
-    it raises instead of returning gradients that silently lack them (`once_differentiable`'s guard never fires
-    when the forward's inputs reach it detached, as here). Otherwise autograd already runs it without grad."""
-
-    @functools.wraps(backward)
-    def guarded(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                f"{type(ctx).__name__.removesuffix('Backward')} has no double backward (create_graph=True); "
-                "use the reference path (fused=False)"
-            )
-        return backward(ctx, *grads)
-
-    return guarded
-
-
-class SplitHeads(torch.autograd.Function):
-    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
-
-    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
-    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what
-    the fused kernels of `performer` and `linear` write), that buffer is the gradient of qkv as it is; otherwise they are copied into one.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: Tensor, num_heads: int):
-        b, n, c = qkv.shape
-        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
-        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
-
-    @staticmethod
-    def backward(ctx, *grads: Optional[Tensor]):
-        # made of differentiable ops, so double backward works through it
-        b, n, _, h, d = ctx.shape
-        base = grads[0]._base if grads[0] is not None else None
-        if (
-            base is not None
-            and base.shape == ctx.shape
-            and base.is_contiguous()
-            and all(
-                g is not None
-                and g._base is base
-                and g.storage_offset() == base.storage_offset() + i * h * d
-                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
-                for i, g in enumerate(grads)
-            )
-        ):
-            return base.view(b, n, 3 * h * d), None
-        like = next(g for g in grads if g is not None)
-        packed = like.new_empty(ctx.shape)
-        for i, grad in enumerate(grads):
-            if grad is None:
-                packed[:, :, i] = 0.0
-            else:
-                packed[:, :, i] = grad.permute(0, 2, 1, 3)
-        return packed.view(b, n, 3 * h * d), None
-
-
-def blocks(n: int, block: int) -> list[slice]:
-    """Slices of `block` rows covering `n` (the last one ragged)."""
-    return [slice(start, min(start + block, n)) for start in range(0, n, block)]
-
-
-def rows_of(keep: Optional[Tensor], rows: slice) -> Optional[Tensor]:
-    return None if keep is None else keep[..., rows]
-
-
-def span(rows: slice) -> int:
-    return rows.stop - rows.start
-
-
-def with_ones_into(v: Tensor, workspace: Workspace) -> Tensor:
-    """`[b, h, w, d]` -> `[b, h, w, e]` in `workspace`: values with a ones column, whose output is the normaliser."""
-    values = workspace.view(*v.shape[:-1], v.shape[-1] + 1)
-    values[..., :-1] = v
-    values[..., -1] = 1.0
-    return values
-
-
-def normalise_into(numden: Tensor, out: Tensor, den: Tensor) -> None:
-    """`numden: [b, h, w, d + 1]` (numerators, then the normaliser) -> `out` `[b, h, w, d]` = num / max(den, eps)
-    and `den` `[b, h, w]` = the normaliser, both written in place (views of the caller's full buffers)."""
-    den.copy_(numden[..., -1])
-    torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out)
-
-
-def normalise_backward_into(grad_out: Tensor, out: Tensor, den: Tensor, workspace: Workspace) -> Tensor:
-    """The gradient of `normalise_into` w.r.t. `numden`, in `workspace`: grad_out, out `[b, h, w, d]`, den
-    `[b, h, w]` -> `[b h, w, d + 1]`.
-
-    out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
-    """
-    b, h, w, d = out.shape
-    den = den[..., None]
-    grad_numden = workspace.view(b, h, w, d + 1)
-    grad_numden[..., :d] = grad_out
-    grad_den = (grad_out * out).sum(-1, keepdim=True).neg_()
-    grad_numden[..., d:] = grad_den.masked_fill_(den < DENOMINATOR_EPS, 0.0)
-    return grad_numden.div_(den.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)

@@ -3,23 +3,26 @@
 `create_attention(name, dim, num_heads, **options)` builds a module; `attention_class(name, **options)` returns a
 class with the options bound, for timm's `attn_layer` slot (which must be a class, not a partial).
 """
+
 from __future__ import annotations
 
-import difflib
 import inspect
 from typing import Any
 
 from torch import nn
 
+from .._validate import did_you_mean, unknown_name
+from ._common import AttentionBase
+
 __all__ = [
-    "register_attention",
-    "create_attention",
     "attention_class",
+    "attention_options",
+    "auxiliary_loss",
+    "create_attention",
     "get_attention",
     "list_attentions",
-    "attention_options",
     "on_optimizer_step",
-    "auxiliary_loss",
+    "register_attention",
 ]
 
 _ATTENTIONS: dict[str, type[nn.Module]] = {}
@@ -44,9 +47,7 @@ def list_attentions() -> list[str]:
 
 def get_attention(name: str) -> type[nn.Module]:
     if name not in _ATTENTIONS:
-        close = difflib.get_close_matches(name, list(_ATTENTIONS), n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown attention {name!r}{hint}; known: {', '.join(list_attentions())}")
+        raise unknown_name("attention", name, _ATTENTIONS)
     return _ATTENTIONS[name]
 
 
@@ -60,9 +61,8 @@ def _check_options(name: str, options: dict[str, Any]) -> None:
     allowed = attention_options(name)
     for key in options:
         if key not in allowed:
-            close = difflib.get_close_matches(key, list(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             listed = ", ".join(allowed) or "none"
+            hint = did_you_mean(key, allowed, n=1)
             raise ValueError(f"attention {name!r} has no option {key!r}{hint}; its options: {listed}")
 
 
@@ -97,25 +97,16 @@ def on_optimizer_step(model: nn.Module) -> None:
             hook()
 
 
-_TIMM_ARGS = frozenset(
-    {
-        "attn_head_dim",
-        "dim_out",
-        "qkv_bias",
-        "qk_norm",
-        "scale_norm",
-        "proj_bias",
-        "gated",
-        "attn_drop",
-        "proj_drop",
-        "norm_layer",
-        "device",
-        "dtype",
-    }
-)
+# timm's shared `Attention` arguments (every variant's constructor takes them before its own options after `*`).
+_TIMM_ARGS = frozenset(list(inspect.signature(AttentionBase.__init__).parameters)[3:])
 
 
 def auxiliary_loss(model: nn.Module):
-    """Sum of the `aux_loss` tensors that attention modules set in their last forward (e.g. VQ commitment)."""
+    """Sum of the `aux_loss` tensors that modules left in their last forward (e.g. VQ's commitment loss), 0.0 if
+    none: add it to the task loss before backward.
+
+    Each loss keeps its graph and counts once per forward, also when backward recomputes the forward (gradient
+    checkpointing, reversible blocks; see `zoo.models.blocks.ReversibleSequence`).
+    """
     losses = [m.aux_loss for m in model.modules() if getattr(m, "aux_loss", None) is not None]
     return sum(losses) if losses else 0.0

@@ -22,19 +22,24 @@ the layer equals `local` attention with window `radius` at initialisation, from 
 
 Computed in blocks (`_blocks.window_layout`): per block the scores `[w, (s w)]` against its window of keys, the
 band `[w, 2r + 1]` gathered out of them, convolved and normalised, then scattered back for the product with the
-values; no n x n tensor. Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks,
-w - block length, s - blocks in a window, l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
+values; no n x n tensor. `reference=True` computes the same on the dense `[n, n]` scores, for the tests.
+Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks, w - block length, s - blocks in a window,
+l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ._blocks import BlockLayout, as_sdpa_mask, band_parts, check_int, parts_attention, use_flash_parts, window_layout
+from .._validate import check_bool, check_int
+from ._blocks import BlockLayout, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
+from ._flash_parts import band_parts, parts_attention, use_flash_parts
 from ._registry import register_attention
 
 __all__ = [
@@ -58,7 +63,7 @@ def band_columns(layout: BlockLayout, radius: int, is_causal: bool, device: torc
     (the window reaches `radius` blocks-worth, or covers the whole sequence), which `band_slot_keep` masks."""
     rows = torch.arange(layout.block, device=device)[:, None]
     offsets = torch.arange(band_width(radius, is_causal), device=device) - radius
-    return (rows + layout.before * layout.block + offsets).clamp(0, layout.span * layout.block - 1)
+    return (rows + layout.before * layout.block + offsets).clamp(0, layout.window_blocks * layout.block - 1)
 
 
 def band_slot_keep(keep: Tensor, radius: int, is_causal: bool) -> Tensor:
@@ -98,14 +103,18 @@ def banded_conv_attention(
     radius: int = 256,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """Convolutional band attention.
 
     q, k, v: `[b, h, n, d]`; kernels: `[z, h, t]` per-head taps (t odd, centre = the key itself); mask: `[b, n]`
     bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside. A query with no
-    kept key returns zeros. Convolutions and softmax run in float32 or wider.
+    kept key returns zeros. Convolutions and softmax run in float32 or wider. `reference=True`: the dense
+    `[n, n]` computation (`_dense_reference`), O(n^2).
     """
     b, _, n, d = q.shape
+    if reference:
+        return _dense_reference(q, k, v, kernels, mask, is_causal, radius, scale, dropout_p)
     # Band slots farther than n - 1 always hold missing keys, which equal zero padding: trim them.
     radius = min(radius, n - 1)
     reach = kernels.shape[0] * (kernels.shape[-1] // 2)  # band slots the edges' zero padding reaches, s
@@ -154,8 +163,8 @@ def _offset_scores(q: Tensor, k: Tensor, first: int, width: int, scale: float, c
     chunks = -(-n // chunk)
     q = F.pad(q, (0, 0, 0, chunks * chunk - n)).view(b, h, chunks, chunk, d)
     left = max(0, -first)
-    span = chunks * chunk + width - 1  # keys from position `first` on
-    keys = F.pad(k, (0, 0, left, max(0, first + span - n)))[:, :, left + first : left + first + span]
+    key_count = chunks * chunk + width - 1  # keys from position `first` on
+    keys = F.pad(k, (0, 0, left, max(0, first + key_count - n)))[:, :, left + first : left + first + key_count]
     scores = torch.matmul(q, keys.unfold(2, chunk + width - 1, chunk))  # [b, h, chunks, chunk, chunk + width - 1]
     diagonals = torch.stack([scores.diagonal(j, -2, -1) for j in range(width)], -1)  # [b, h, chunks, chunk, width]
     return diagonals.flatten(2, 3)[:, :, :n] * scale
@@ -175,7 +184,7 @@ def _banded_conv_flash(
     r - s, causal: r - 2s shifted s behind the query), merged with the edge slots in one softmax
     (`parts_attention`).
     """
-    b, h, n, d = q.shape
+    n = q.shape[2]
     reach = kernels.shape[0] * (kernels.shape[-1] // 2)
     filtered = k
     for kernel in kernels:
@@ -203,6 +212,41 @@ def _banded_conv_flash(
     return parts_attention(q, filtered, v, parts, scale, dense=torch.cat(logits, -1), offsets=offsets)
 
 
+def _toeplitz(kernel: Tensor, n: int) -> Tensor:
+    """`[h, t]` taps -> `[h, n, n]` T with (x @ T)[j] = sum_t kernel[t] * x[j + t - t // 2], zeros past the ends."""
+    taps = kernel.shape[-1]
+    tap = position_offsets(n, kernel.device) + taps // 2  # [input key, output key]
+    inside = (tap >= 0) & (tap < taps)
+    return torch.where(inside, kernel[:, tap.clamp(0, taps - 1)], 0.0)
+
+
+def _dense_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernels: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    radius: int,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    """`banded_conv_attention` on the full `[n, n]` scores: zeroed outside the band and at padded keys before each
+    convolution, each convolution a product with a banded Toeplitz matrix along the key axis, then one softmax over
+    the band's kept keys."""
+    n, d = q.shape[-2:]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    allowed = band_keep(position_offsets(n, q.device), radius, is_causal)
+    if mask is not None:
+        allowed = allowed & mask[:, None, None, :]
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)).to(dtype)
+    for kernel in kernels.to(dtype):
+        scores = torch.einsum("bhij,hjm->bhim", scores.masked_fill(~allowed, 0.0), _toeplitz(kernel, n))
+    weights = scores.masked_fill(~allowed, torch.finfo(dtype).min).softmax(-1) * allowed
+    weights = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return torch.matmul(weights, v.to(dtype)).to(v.dtype)
+
+
 def identity_kernels(depth: int, num_heads: int, kernel_size: int, **dd) -> Tensor:
     """`[z, h, t]` kernels that leave the band unchanged: centre tap 1, the others 0."""
     kernels = torch.zeros(depth, num_heads, kernel_size, **dd)
@@ -213,34 +257,73 @@ def identity_kernels(depth: int, num_heads: int, kernel_size: int, **dd) -> Tens
 @register_attention("banded_conv")
 class BandedConvAttention(AttentionBase):
     """Sliding-window attention of `radius` (default 256, as `local`'s window) whose band of logits is filtered by
-    `depth` (default 2) learned per-head kernels of `kernel_size` (odd, default 3) taps, identity at init."""
+    `depth` (default 2) learned per-head kernels of `kernel_size` (odd, default 3) taps, identity at init;
+    `reference=True`: the dense reference."""
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"radius": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         radius: int = 256,
         depth: int = 2,
         kernel_size: int = 3,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.radius = check_int("radius", radius, 1)
         self.depth = check_int("depth", depth, 1)
         self.kernel_size = check_int("kernel_size", kernel_size, 1)
+        self.reference = check_bool("reference", reference)
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size={kernel_size} is not allowed: expected an odd integer, centred on the key")
-        dd = {"device": timm_args.get("device"), "dtype": timm_args.get("dtype")}
+        dd = {"device": device, "dtype": dtype}
         self.kernels = nn.Parameter(identity_kernels(depth, num_heads, kernel_size, **dd))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
         return banded_conv_attention(
-            q, k, v, self.kernels, mask, is_causal, radius=self.radius, scale=self.scale, dropout_p=dropout_p
+            q,
+            k,
+            v,
+            self.kernels,
+            mask,
+            is_causal,
+            radius=self.radius,
+            scale=self.scale,
+            dropout_p=dropout_p,
+            reference=self.reference,
         )
 
     def extra_repr(self) -> str:

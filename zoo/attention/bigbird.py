@@ -6,28 +6,32 @@ sequence) and to `num_random_blocks` (3) random key blocks drawn per head and qu
 its window and the global ones. One softmax over the union of these keys per query: memory and time
 O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks come from a generator seeded by the `random_seed`
 buffer, so they are the same on every call, replica and resumed run for a given length (the original code also
-fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight.
+fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes
+the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._blocks import (
-    BlockLayout,
-    Part,
-    as_sdpa_mask,
-    check_int,
-    parts_attention,
-    rows_attention,
-    use_flash_parts,
-)
+from .._validate import check_bool, check_int
+from ._blocks import BlockLayout, allowed_attention, as_sdpa_mask, rows_attention
 from ._common import AttentionBase
+from ._flash_parts import Part, parts_attention, use_flash_parts
 from ._registry import register_attention
 
-__all__ = ["BigBirdAttention", "bigbird_attention", "bigbird_layout", "draw_random_blocks", "global_blocks"]
+__all__ = [
+    "BigBirdAttention",
+    "bigbird_allowed",
+    "bigbird_attention",
+    "bigbird_layout",
+    "draw_random_blocks",
+    "global_blocks",
+]
 
 
 def bigbird_layout(length: int, block_size: int) -> BlockLayout:
@@ -53,6 +57,20 @@ def draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, generat
     return F.pad(picks, (0, num_random - picks.shape[-1]), value=-1)
 
 
+def bigbird_allowed(n: int, block_size: int, random_blocks: Tensor) -> Tensor:
+    """`[h, n, n]` bool, True where query i sees key j: its window of 3 blocks, the global blocks both ways, its
+    random blocks (`random_blocks` `[h, k, r]`, -1 = none)."""
+    layout = bigbird_layout(n, block_size)
+    blocks, device = layout.num_blocks, random_blocks.device
+    block_of = torch.arange(n, device=device) // layout.block
+    is_global = torch.isin(block_of, torch.tensor(global_blocks(blocks), device=device))
+    allowed = ((block_of[:, None] - block_of).abs() <= 1) | is_global[None] | is_global[:, None]
+    # [h, query block, key block]; a missing pick (-1) marks an extra column that is dropped.
+    picks = torch.where(random_blocks >= 0, random_blocks, blocks)
+    picked = torch.zeros(*picks.shape[:2], blocks + 1, dtype=torch.bool, device=device).scatter_(2, picks, True)
+    return allowed | picked[:, block_of][:, :, block_of]
+
+
 def bigbird_attention(
     q: Tensor,
     k: Tensor,
@@ -63,18 +81,23 @@ def bigbird_attention(
     block_size: int = 64,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """BigBird block-sparse attention.
 
     q, k, v: `[b, h, n, d]`; random_blocks: `[h, k, r]` long key blocks per head and query block, -1 = none
     (`draw_random_blocks` for `bigbird_layout(n, block_size).num_blocks`); mask: `[b, n]` bool key padding mask,
-    True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside, the output unpadded.
+    True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside, the output unpadded. `reference=True`:
+    the pattern as a dense mask (`bigbird_allowed`, `allowed_attention`), O(n^2).
     """
     b, h, n, d = q.shape
     layout = bigbird_layout(n, block_size)
     blocks, w = layout.num_blocks, layout.block
     if random_blocks.shape[:2] != (h, blocks):
         raise ValueError(f"random_blocks of shape {tuple(random_blocks.shape)} do not fit {h} heads x {blocks} blocks")
+    if reference:
+        allowed = bigbird_allowed(n, block_size, random_blocks.to(q.device))
+        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
     if use_flash_parts(q, mask, dropout_p, w) and blocks >= 3 and bool((picks[1:-1] >= 0).all()):
         return _bigbird_flash(q, k, v, picks, w, d**-0.5 if scale is None else scale)
@@ -146,19 +169,54 @@ def _bigbird_flash(q: Tensor, k: Tensor, v: Tensor, picks: Tensor, w: int, scale
 @register_attention("bigbird")
 class BigBirdAttention(AttentionBase):
     """BigBird-ITC: window of 3 blocks + first/last global blocks + `num_random_blocks` (3) random blocks of
-    `block_size` (64)."""
+    `block_size` (64); `reference=True`: the dense reference."""
 
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"block_size": 8, "num_random_blocks": 2}
 
     def __init__(
-        self, dim: int, num_heads: int = 8, *, block_size: int = 64, num_random_blocks: int = 3, **timm_args
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        block_size: int = 64,
+        num_random_blocks: int = 3,
+        reference: bool = False,
     ) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.block_size = check_int("block_size", block_size, 1)
         self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
+        self.reference = check_bool("reference", reference)
         # Drawn from the global generator once, then saved with the weights: every call, replica and resumed run
         # uses the same random blocks.
-        self.register_buffer("random_seed", torch.randint(2**62, ()), persistent=True)
+        self.register_buffer("random_seed", torch.randint(2**62, ()).to(device), persistent=True)
 
     def random_blocks(self, length: int) -> Tensor:
         """`[h, k, r]` random key blocks for a sequence of `length` (see `draw_random_blocks`)."""
@@ -170,7 +228,15 @@ class BigBirdAttention(AttentionBase):
         dropout_p = self.attn_drop.p if self.training else 0.0
         random_blocks = self.random_blocks(q.shape[-2]).to(q.device)
         return bigbird_attention(
-            q, k, v, random_blocks, mask, block_size=self.block_size, scale=self.scale, dropout_p=dropout_p
+            q,
+            k,
+            v,
+            random_blocks,
+            mask,
+            block_size=self.block_size,
+            scale=self.scale,
+            dropout_p=dropout_p,
+            reference=self.reference,
         )
 
     def extra_repr(self) -> str:

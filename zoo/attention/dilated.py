@@ -6,18 +6,23 @@ Query i attends to the keys j with i - j a multiple of `dilation` and |i - j| <=
 0 <= i - j <= window): `window // dilation + 1` keys each side, spread over the `window` span. Positions are
 regrouped by i mod dilation, where the pattern is a plain sliding window of `window // dilation` steps, computed
 blocked by `local_attention`: memory and time O(n * window / dilation). `dilation=1` is `local`; a window
-covering the sequence with dilation 1 is exact softmax attention.
+covering the sequence with dilation 1 is exact softmax attention. `reference=True` computes the pattern as a dense
+`[n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._blocks import band_parts, check_int, parts_attention, use_flash_parts
+from .._validate import check_bool, check_int
+from ._blocks import allowed_attention, band_keep, position_offsets
 from ._common import AttentionBase, pad_to_multiple
+from ._flash_parts import band_parts, parts_attention, use_flash_parts
 from ._registry import register_attention
 from .local import local_attention
 
@@ -35,15 +40,21 @@ def dilated_attention(
     dilation: int = 2,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """Dilated sliding-window attention.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: the
     sequence is padded to a multiple of `dilation` (and to whole blocks) inside and the output unpadded.
+    `reference=True`: the pattern as a dense mask (`allowed_attention`), O(n^2).
     """
     if window < dilation:
         raise ValueError(f"window={window} is shorter than dilation={dilation}: no key but the query itself")
     b, _, n, d = q.shape
+    if reference:
+        offsets = position_offsets(n, q.device)
+        allowed = band_keep(offsets, window, is_causal) & (offsets % dilation == 0)
+        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     if dilation == 1:
         return local_attention(q, k, v, mask, is_causal, window=window, scale=scale, dropout_p=dropout_p)
     if use_flash_parts(q, mask, dropout_p, min(window // dilation, n // dilation)):
@@ -82,15 +93,53 @@ def _dilated_flash(q: Tensor, k: Tensor, v: Tensor, is_causal: bool, steps: int,
 
 @register_attention("dilated")
 class DilatedAttention(AttentionBase):
-    """Dilated sliding window: keys at multiples of `dilation` (default 2) within `window` (default 256)."""
+    """Dilated sliding window: keys at multiples of `dilation` (default 2) within `window` (default 256);
+    `reference=True`: the dense reference."""
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"window": 12, "dilation": 3}
 
-    def __init__(self, dim: int, num_heads: int = 8, *, window: int = 256, dilation: int = 2, **timm_args) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        window: int = 256,
+        dilation: int = 2,
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.window = check_int("window", window, 1)
         self.dilation = check_int("dilation", dilation, 1)
+        self.reference = check_bool("reference", reference)
         if window < dilation:
             raise ValueError(f"window={window} is shorter than dilation={dilation}; use window >= dilation")
 
@@ -106,6 +155,7 @@ class DilatedAttention(AttentionBase):
             dilation=self.dilation,
             scale=self.scale,
             dropout_p=dropout_p,
+            reference=self.reference,
         )
 
     def extra_repr(self) -> str:

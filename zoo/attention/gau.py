@@ -31,9 +31,10 @@ so the chunked prefix sum is written out here (a few lines) rather than shared.
 Letter legend: b - batch, h - heads, n - length (padded to k * w inside), s - query/key width (Z), e - value
 width, k - chunks, w - chunk length, f - the four scale/offset rows (quad q, quad k, linear q, linear k).
 """
+
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +42,10 @@ from einops import rearrange
 from timm.layers import DropPath, LayerNorm, LayerScale
 from torch import Tensor, nn
 
-from ._blocks import check_int
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, key_padding_mask, masked_fill_keys, pad_to_multiple
 from ._registry import register_attention
+from ._workspace import unwritten
 
 __all__ = [
     "GAUAttention",
@@ -61,7 +63,7 @@ def scale_offset(z: Tensor, gamma: Tensor, beta: Tensor) -> tuple[Tensor, ...]:
     return tuple(out.unbind(0))
 
 
-def _key_counts(mask: Optional[Tensor], v: Tensor) -> Tensor:
+def _key_counts(mask: Tensor | None, v: Tensor) -> Tensor:
     """`[b, 1, 1, 1]`: real keys per sample (at least 1), the paper's n."""
     if mask is None:
         return v.new_full((v.shape[0], 1, 1, 1), float(v.shape[-2]))
@@ -80,7 +82,7 @@ def mixed_chunk_attention(
     lin_k: Tensor,
     v: Tensor,
     *,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     group_size: int = 256,
 ) -> Tensor:
@@ -141,7 +143,7 @@ class _ChunkReluSquare(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, inv_scale: Tensor, is_causal: bool) -> Tensor:
         ctx.save_for_backward(q, k, v, inv_scale)
         ctx.is_causal = is_causal
-        out = v.new_empty(v.shape)
+        out = unwritten(v, v.shape)
         for rows in _passes(q):
             weights, _ = _relu_square(q[rows], k[rows], inv_scale[rows], is_causal)
             torch.bmm(weights, v[rows], out=out[rows])
@@ -150,7 +152,7 @@ class _ChunkReluSquare(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q, k, v, inv_scale = ctx.saved_tensors
-        grad_q, grad_k, grad_v = (torch.empty_like(x) for x in (q, k, v))
+        grad_q, grad_k, grad_v = (unwritten(x, x.shape) for x in (q, k, v))
         for rows in _passes(q):
             weights, relu = _relu_square(q[rows], k[rows], inv_scale[rows], ctx.is_causal)
             torch.bmm(weights.transpose(1, 2), grad_out[rows], out=grad_v[rows])
@@ -191,7 +193,7 @@ def mixed_chunk_attention_reference(
     lin_k: Tensor,
     v: Tensor,
     *,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     group_size: int = 256,
 ) -> Tensor:
@@ -223,31 +225,65 @@ class GAUAttention(AttentionBase):
     """GAU / FLASH attention in timm's attention slot (see the module docstring for how `qkv` maps).
 
     `x: [b, n, c]` -> `[b, n, c]`: `proj(silu(U) * A silu(V))`, A the mixed chunk attention of each head on
-    scales and offsets (`gamma`, `beta`: `[4, h, d]`) of `Z = silu(q rows of qkv)`.
+    scales and offsets (`gamma`, `beta`: `[4, h, d]`) of `Z = silu(q rows of qkv)`. `reference=True` computes A
+    on a dense weight matrix (`mixed_chunk_attention_reference`) instead of by chunks.
     """
 
     supports_causal = True
+    test_options: ClassVar[dict] = {"group_size": 8}
 
-    def __init__(self, dim: int, num_heads: int = 8, *, group_size: int = 256, **timm_args) -> None:
-        super().__init__(dim, num_heads, **timm_args)
-        self.group_size = check_int("group_size", group_size, 1)
-        self.gamma, self.beta = _scale_offset_parameters(
-            num_heads, self.head_dim, device=timm_args.get("device"), dtype=timm_args.get("dtype")
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        group_size: int = 256,
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
         )
+        self.group_size = check_int("group_size", group_size, 1)
+        self.reference = check_bool("reference", reference)
+        self.gamma, self.beta = _scale_offset_parameters(num_heads, self.head_dim, device=device, dtype=dtype)
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """`x: [b, n, c]` -> `[b, n, c]`."""
         mask = self.prepare_mask(attn_mask, x.shape[0], x.shape[1])
         z, u, v = rearrange(F.silu(self.qkv(x)), "b n (t h d) -> t b h n d", t=3, h=self.num_heads).unbind(0)
         return self.project_out(self.attend(self.q_norm(z), self.k_norm(z), v, mask, is_causal) * u, x)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """q, k: the shared base Z on the query and the key side `[b, h, n, d]`; v `[b, h, n, d]` -> `[b, h, n, d]`."""
         quad_q, lin_q = scale_offset(q, self.gamma[0::2], self.beta[0::2])
         quad_k, lin_k = scale_offset(k, self.gamma[1::2], self.beta[1::2])
-        return mixed_chunk_attention(
-            quad_q, quad_k, lin_q, lin_k, v, mask=mask, is_causal=is_causal, group_size=self.group_size
-        )
+        attention = mixed_chunk_attention_reference if self.reference else mixed_chunk_attention
+        return attention(quad_q, quad_k, lin_q, lin_k, v, mask=mask, is_causal=is_causal, group_size=self.group_size)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group_size={self.group_size}"
@@ -270,7 +306,7 @@ class GatedAttentionUnit(nn.Module):
         bias: bool = True,
         proj_bias: bool = True,
         proj_drop: float = 0.0,
-        init_values: Optional[float] = None,
+        init_values: float | None = None,
         drop_path: float = 0.0,
         norm_layer: type[nn.Module] = LayerNorm,
         device=None,
@@ -291,7 +327,7 @@ class GatedAttentionUnit(nn.Module):
         self.ls = LayerScale(dim, init_values=init_values, **dd) if init_values else nn.Identity()
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """`x: [b, n, c]`, attn_mask: a key padding mask (`[b, n]` or `[b, 1, 1, n]`) -> the branch `[b, n, c]`."""
         mask = key_padding_mask(attn_mask, x.shape[0], x.shape[1])
         split = [self.hidden_dim, self.hidden_dim, self.z_dim]

@@ -4,32 +4,34 @@ Softmax's `exp(q.k)` replaced by the dot product of positive features `phi(x) = 
 `out_i = phi(q_i)^T S / phi(q_i)^T z` with `S = sum_j phi(k_j) v_j^T` and `z = sum_j phi(k_j)`: linear in the
 sequence length. Causally, S and z are prefix sums, computed in chunks (`_kernel.kernel_attention`: memory
 `[n, w]` and `[n / w, d, d]`, never `[n, d, d]`); decoding carries `(S, z)` from token to token in O(d^2)
-(`decode_step`, from `KernelStepMixin`), which is the paper's RNN view.
+(`decode_step`, from `KernelStepMixin`), which is the paper's RNN view. Non-causal, a blocked kernel with a
+hand-written backward (`_BlockedLinear`) is the fast path; `reference=True` takes `kernel_attention` instead.
 """
+
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._blocks import check_int
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._features import elu_feature_map
-from ._kernel import (
-    KernelStepMixin,
+from ._kernel import KernelStepMixin, kernel_attention
+from ._registry import register_attention
+from ._workspace import (
     SplitHeads,
     Workspace,
-    blocks,
     first_order_only,
-    kernel_attention,
+    keep_in_rows,
     normalise_backward_into,
     normalise_into,
-    rows_of,
-    span,
+    num_rows,
+    row_blocks,
+    unwritten,
     with_ones_into,
 )
-from ._registry import register_attention
 
 __all__ = ["LinearAttention", "linear_attention"]
 
@@ -38,11 +40,11 @@ def linear_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
     chunk_size: int = 128,
-    fused: bool = True,
+    reference: bool = False,
 ) -> Tensor:
     """Attention with weights `phi(q_i).phi(k_j)`, normalised over the keys, `phi = elu + 1`.
 
@@ -50,26 +52,26 @@ def linear_attention(
     Padded keys get zero features, so they add nothing to S or z. Causal: chunks of `chunk_size` (any length
     works; the last chunk is padded internally). Accumulated in float32 at least.
 
-    Non-causal with `fused=True` (default): `_FusedLinear`, in row blocks with the features recomputed in
-    backward (no `[n, d]` intermediate is ever stored); otherwise, and causally, through `kernel_attention`.
+    Non-causal: `_BlockedLinear`, in row blocks with the features recomputed in backward (no `[n, d]` intermediate
+    is ever stored); `reference=True`, and causally, through `kernel_attention`.
     """
-    # the fused kernel walks keys and queries in the same row blocks: equal lengths only
-    if fused and not is_causal and k.shape[-2] == q.shape[-2]:
+    # the blocked kernel walks keys and queries in the same row blocks: equal lengths only
+    if not reference and not is_causal and k.shape[-2] == q.shape[-2]:
         out_dtype = v.dtype
         with torch.autocast(v.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)
-            return _FusedLinear.apply(q.to(dtype), k.to(dtype), v.to(dtype), mask).to(out_dtype)
+            return _BlockedLinear.apply(q.to(dtype), k.to(dtype), v.to(dtype), mask).to(out_dtype)
     phi_q = elu_feature_map(q)
     phi_k = masked_fill_keys(elu_feature_map(k), mask)
     return kernel_attention(phi_q, phi_k, v, is_causal=is_causal, chunk_size=chunk_size)
 
 
-# Rows per block in `_FusedLinear`: 4 MiB of `[b, h, w, d]` features, in workspaces reused by every block (a
+# Rows per block in `_BlockedLinear`: 4 MiB of `[b, h, w, d]` features, in workspaces reused by every block (a
 # fresh buffer the size of q costs page faults as dear as the arithmetic on it).
 _BLOCK_BYTES = 2**22
 
 
-def _features(x: Tensor, workspace: Workspace, scratch: Workspace, keep: Optional[Tensor] = None) -> Tensor:
+def _features(x: Tensor, workspace: Workspace, scratch: Workspace, keep: Tensor | None = None) -> Tensor:
     """`elu(x) + 1` of a block `x: [b, h, w, d]` into `workspace` (contiguous), using `scratch`; zero where `keep`
     `[b, 1, w]` is False."""
     # elu(x) + 1 = exp(min(x, 0)) + max(x, 0): vectorised passes, about 7x faster on CPU than aten's elu. x (a
@@ -89,7 +91,7 @@ def _workspaces(q: Tensor, block: int, value_dim: int) -> tuple[Workspace, Works
     return Workspace(q, b * h * block * r), Workspace(q, b * h * block * max(r, value_dim + 1))
 
 
-class _FusedLinear(torch.autograd.Function):
+class _BlockedLinear(torch.autograd.Function):
     """Non-causal linear attention in row blocks, equal to `kernel_attention` on `elu + 1` features.
 
     Forward: keys block by block into the state `[S | z]^T = [v | 1]^T phi_k: [b h, e, d]` (e = d + 1; kept as
@@ -100,21 +102,21 @@ class _FusedLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
         b, h, n, r = q.shape
         d = v.shape[-1]
         block = min(n, max(16, _BLOCK_BYTES // (b * h * max(r, d + 1) * q.element_size())))
         features_ws, values_ws = _workspaces(q, block, d)
         keep = None if mask is None else mask[:, None, :]
         state = q.new_zeros(b * h, d + 1, r)
-        for rows in blocks(n, block):
-            phi = _features(k[:, :, rows], features_ws, values_ws, rows_of(keep, rows)).flatten(0, 1)
+        for rows in row_blocks(n, block):
+            phi = _features(k[:, :, rows], features_ws, values_ws, keep_in_rows(keep, rows)).flatten(0, 1)
             values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
             state.baddbmm_(values.transpose(1, 2), phi)
-        out = q.new_empty(b, n, h, d).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
-        den = q.new_empty(b, h, n)
-        for rows in blocks(n, block):
-            w = span(rows)
+        out = unwritten(q, (b, n, h, d)).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
+        den = unwritten(q, (b, h, n))
+        for rows in row_blocks(n, block):
+            w = num_rows(rows)
             phi = _features(q[:, :, rows], features_ws, values_ws).flatten(0, 1)
             numden = torch.bmm(phi, state.transpose(1, 2), out=values_ws.view(b * h, w, d + 1)).unflatten(0, (b, h))
             normalise_into(numden, out[:, :, rows], den[:, :, rows])
@@ -134,13 +136,13 @@ class _FusedLinear(torch.autograd.Function):
         grad_features_ws = Workspace(q, b * h * block * max(r, d))
         if r == d:
             # One buffer laid out like the qkv projection's output, so `SplitHeads` hands it on without a copy.
-            grad_qkv = q.new_empty(b, n, 3, h, d)
+            grad_qkv = unwritten(q, (b, n, 3, h, d))
             grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
         else:
-            grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            grad_q, grad_k, grad_v = (unwritten(x, x.shape) for x in (q, k, v))
         grad_state = torch.zeros_like(state)
-        for rows in blocks(n, block):
-            w = span(rows)
+        for rows in row_blocks(n, block):
+            w = num_rows(rows)
             phi = _features(q[:, :, rows], features_ws, values_ws).flatten(0, 1)
             grad_numden = normalise_backward_into(grad_out[:, :, rows], out[:, :, rows], den[:, :, rows], values_ws)
             grad_state.baddbmm_(grad_numden.transpose(1, 2), phi)
@@ -148,10 +150,10 @@ class _FusedLinear(torch.autograd.Function):
             grad_phi = torch.bmm(grad_numden, state, out=grad_features_ws.view(b * h, w, r))
             grad_q[:, :, rows] = grad_phi.mul_(phi.clamp_max_(1.0)).view(b, h, w, r)
         grad_state_v = grad_state[:, :d].transpose(1, 2)
-        for rows in blocks(n, block):
-            w = span(rows)
+        for rows in row_blocks(n, block):
+            w = num_rows(rows)
             # Padded keys have phi = 0, so min(phi, 1) = 0 gives them no gradient either.
-            phi = _features(k[:, :, rows], features_ws, values_ws, rows_of(keep, rows)).flatten(0, 1)
+            phi = _features(k[:, :, rows], features_ws, values_ws, keep_in_rows(keep, rows)).flatten(0, 1)
             grad_v[:, :, rows] = torch.bmm(phi, grad_state_v, out=grad_features_ws.view(b * h, w, d)).view(b, h, w, d)
             values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
             grad_phi = torch.bmm(values, grad_state, out=grad_features_ws.view(b * h, w, r))
@@ -164,28 +166,65 @@ class LinearAttention(KernelStepMixin, AttentionBase):
     """Linear attention (elu + 1 features) with timm's projections; causal mode and recurrent decoding.
 
     No parameters or buffers beyond timm's, so weights copy to and from every other variant. No 1/sqrt(d)
-    scale: the feature map is applied to q and k as the paper does.
+    scale: the feature map is applied to q and k as the paper does. `reference=True` computes the non-causal mode
+    through `kernel_attention` instead of the blocked kernel.
     """
 
     supports_causal = True
+    test_options: ClassVar[dict] = {"chunk_size": 8}
 
-    def __init__(self, dim: int, num_heads: int = 8, *, chunk_size: int = 128, **timm_args) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        chunk_size: int = 128,
+        reference: bool = False,
+    ) -> None:
         check_int("chunk_size", chunk_size, 1)
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.chunk_size = chunk_size
+        self.reference = check_bool("reference", reference)
         # The recurrent state has one feature per head dim: phi is elementwise.
         self.state_features = self.head_dim
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """As `AttentionBase.project_qkv`, with a backward that takes the fused kernel's packed qkv gradient as is."""
+        """As `AttentionBase.project_qkv`, with a backward that takes the blocked kernel's packed qkv gradient as is."""
         q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
         return self.q_norm(q), self.k_norm(k), v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
-        return linear_attention(q, k, v, mask, is_causal, chunk_size=self.chunk_size)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        return linear_attention(q, k, v, mask, is_causal, chunk_size=self.chunk_size, reference=self.reference)
 
-    def step_features(self, q: Tensor, k: Tensor, keep: Optional[Tensor]) -> tuple[Tensor, Tensor, None]:
+    def step_features(self, q: Tensor, k: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, None]:
         return elu_feature_map(q), masked_fill_keys(elu_feature_map(k), keep), None
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, chunk_size={self.chunk_size}"
+        return f"{super().extra_repr()}, chunk_size={self.chunk_size}, reference={self.reference}"

@@ -9,39 +9,34 @@ Sharing (paper section 4): `share="none"` is the paper's headwise sharing (one E
 its heads); `"kv"` uses E for values too (F = E); `"layerwise"` shares one E across every layer of a model, for
 keys and values. See `LinformerAttention` for how layerwise sharing finds "every layer of a model".
 
-This file also holds the option checks and the masked softmax the projection-family files (nystrom, synthesizer)
-share.
+This file also holds the sequence-length check, the masked softmax and the blocked attention the projection-family
+files (nystrom, synthesizer) share. `reference=True` runs the `[n, r]` attention as an explicit softmax instead of SDPA.
 """
+
 from __future__ import annotations
 
 import math
 import weakref
-from typing import Literal, Optional
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
-from ._kernel import first_order_only
 from ._registry import register_attention
+from ._workspace import first_order_only, unwritten
 from .softmax import softmax_attention
 
 __all__ = [
     "LinformerAttention",
-    "linformer_attention",
-    "check_int",
-    "check_seq_len",
-    "masked_softmax",
     "blocked_attention",
+    "check_seq_len",
+    "linformer_attention",
+    "masked_softmax",
 ]
 
 SHARING = ("none", "kv", "layerwise")
-
-
-def check_int(name: str, value: int, minimum: int) -> None:
-    """ValueError naming `value` unless it is an integer (not a bool) >= `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 def check_seq_len(attention: str, length: int, max_seq_len: int) -> None:
@@ -53,7 +48,7 @@ def check_seq_len(attention: str, length: int, max_seq_len: int) -> None:
         )
 
 
-def masked_softmax(logits: Tensor, keep: Optional[Tensor]) -> Tensor:
+def masked_softmax(logits: Tensor, keep: Tensor | None) -> Tensor:
     """Softmax over the last dim of `logits` where `keep` (bool, broadcastable, True = keep) allows.
 
     Dropped entries get exactly zero weight and add nothing to the normaliser; a row with nothing kept is all
@@ -72,7 +67,7 @@ _BLOCK_BYTES = 2**22
 _MAX_KEY_BLOCK = 1024
 
 
-def blocked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor] = None) -> Tensor:
+def blocked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
     """`softmax(q k^T) v` over the kept keys (no scale: fold it into q or k), never storing `[n, m]`.
 
     q: `[b, h, n, d]`, k: `[b, h, m, d]`, v: `[b, h, m, e]`, keep: `[b, m]` bool (True = keep) or None -> `[b, h, n, e]`
@@ -91,17 +86,17 @@ def _key_blocks(m: int) -> list[slice]:
 
 class _BlockedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor]):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None):
         b, h, n, _ = q.shape
         m, e = k.shape[-2], v.shape[-1]
         key_blocks = _key_blocks(m)
         wk = key_blocks[0].stop
         wq = min(n, max(16, _BLOCK_BYTES // (b * h * wk * q.element_size())))
-        scores_ws = q.new_empty(b * h * wq * wk)
+        scores_ws = unwritten(q, (b * h * wq * wk,))
         drop = None if keep is None else ~keep[:, None, None, :]  # [b, 1, 1, m]
         floor = torch.finfo(q.dtype).min
-        out = q.new_empty(b, n, h, e).permute(0, 2, 1, 3)
-        lse = q.new_empty(b, h, n, 1)
+        out = unwritten(q, (b, n, h, e)).permute(0, 2, 1, 3)
+        lse = unwritten(q, (b, h, n, 1))
         k_t = k.transpose(-2, -1)
         for start in range(0, n, wq):
             qrows = slice(start, min(start + wq, n))
@@ -148,9 +143,9 @@ class _BlockedAttention(torch.autograd.Function):
         b, h, n, _ = q.shape
         m = k.shape[-2]
         key_blocks = _key_blocks(m)
-        scores_ws, grad_ws = q.new_empty(b * h * wq * wk), q.new_empty(b * h * wq * wk)
+        scores_ws, grad_ws = unwritten(q, (b * h * wq * wk,)), unwritten(q, (b * h * wq * wk,))
         drop = None if keep is None else ~keep[:, None, None, :]
-        grad_q = torch.empty_like(q)
+        grad_q = unwritten(q, q.shape)
         grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
         k_t = k.transpose(-2, -1)
         for start in range(0, n, wq):
@@ -183,23 +178,23 @@ def linformer_attention(
     v: Tensor,
     e: Tensor,
     f: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    fused: bool = True,
+    reference: bool = False,
 ) -> Tensor:
     """Linformer attention `softmax(q (E k)^T * scale) (F v)`.
 
     q, k, v: `[b, h, n, d]`; e, f: `[r, n]` (the leading n columns of the `[r, max_seq_len]` projections);
-    mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. `fused` picks SDPA or the explicit
-    softmax for the `[n, r]` attention.
+    mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. The `[n, r]` attention runs on SDPA, or
+    as an explicit softmax with `reference=True`.
     """
     if e.shape[-1] != k.shape[-2] or f.shape[-1] != v.shape[-2]:
         raise ValueError(f"projections {tuple(e.shape)}, {tuple(f.shape)} do not fit {k.shape[-2]} keys")
     k_proj = torch.einsum("rm,bhmd->bhrd", e, masked_fill_keys(k, mask))  # b h r d
     v_proj = torch.einsum("rm,bhmd->bhrd", f, masked_fill_keys(v, mask))  # b h r d
-    return softmax_attention(q, k_proj, v_proj, scale=scale, dropout_p=dropout_p, fused=fused)
+    return softmax_attention(q, k_proj, v_proj, scale=scale, dropout_p=dropout_p, reference=reference)
 
 
 def _init_projection(weight: Tensor) -> Tensor:
@@ -209,7 +204,7 @@ def _init_projection(weight: Tensor) -> Tensor:
 
 # Layerwise sharing: one projection per (bound attention class, max_seq_len, k). Weak keys, so a class (and its
 # shared parameter) is freed with the last model that uses it.
-_LAYERWISE: "weakref.WeakKeyDictionary[type, dict[tuple, nn.Parameter]]" = weakref.WeakKeyDictionary()
+_LAYERWISE: weakref.WeakKeyDictionary[type, dict[tuple, nn.Parameter]] = weakref.WeakKeyDictionary()
 
 
 def _layerwise_projection(cls: type, max_seq_len: int, k: int, device, dtype) -> nn.Parameter:
@@ -237,17 +232,29 @@ class LinformerAttention(AttentionBase):
     """
 
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"k": 16, "max_seq_len": 64}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         k: int = 256,
         max_seq_len: int = 4096,
         share: Literal["none", "kv", "layerwise"] = "none",
-        fused: bool = True,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
         check_int("k", k, 1)
         check_int("max_seq_len", max_seq_len, 1)
@@ -255,12 +262,26 @@ class LinformerAttention(AttentionBase):
             raise ValueError(f"k={k} must be <= max_seq_len={max_seq_len}: the projection cannot add keys")
         if share not in SHARING:
             raise ValueError(f"share={share!r} is not one of {', '.join(map(repr, SHARING))}")
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.k = k
         self.max_seq_len = max_seq_len
         self.share = share
-        self.fused = fused
-        device, dtype = timm_args.get("device"), timm_args.get("dtype")
+        self.reference = check_bool("reference", reference)
         if share == "layerwise":
             self.compress = _layerwise_projection(type(self), max_seq_len, k, device, dtype)
         elif share == "kv":
@@ -276,10 +297,10 @@ class LinformerAttention(AttentionBase):
             return self.compress_k[:, :length], self.compress_v[:, :length]
         return self.compress[:, :length], self.compress[:, :length]
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         e, f = self.projections(k.shape[-2])
         dropout_p = self.attn_drop.p if self.training else 0.0
-        return linformer_attention(q, k, v, e, f, mask, scale=self.scale, dropout_p=dropout_p, fused=self.fused)
+        return linformer_attention(q, k, v, e, f, mask, scale=self.scale, dropout_p=dropout_p, reference=self.reference)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, k={self.k}, max_seq_len={self.max_seq_len}, share={self.share!r}"

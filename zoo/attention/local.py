@@ -5,24 +5,21 @@ Each query attends to the keys within `window` positions on either side, |i - j|
 https://arxiv.org/abs/2011.04006, and the sliding window of "Longformer" (Beltagy et al. 2020),
 https://arxiv.org/abs/2004.05150. The sequence is cut into blocks of the window length, each block attends to
 itself and its neighbour blocks, and a band mask keeps the exact window: memory and time O(n * window), no
-n x n tensor. A window as long as the sequence is exact softmax attention.
+n x n tensor. A window as long as the sequence is exact softmax attention. `reference=True` computes the window
+as a dense `[n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-from torch import Tensor
+from typing import ClassVar
 
-from ._blocks import (
-    as_sdpa_mask,
-    band_keep,
-    band_parts,
-    check_int,
-    parts_attention,
-    use_flash_parts,
-    window_layout,
-)
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._validate import check_bool, check_int
+from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
+from ._flash_parts import band_parts, parts_attention, use_flash_parts
 from ._registry import register_attention
 
 __all__ = ["LocalAttention", "local_attention"]
@@ -38,13 +35,18 @@ def local_attention(
     window: int = 256,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """Sliding-window attention.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: the
-    sequence is padded to whole blocks inside and the output unpadded.
+    sequence is padded to whole blocks inside and the output unpadded. `reference=True`: the window as a dense
+    mask (`allowed_attention`), O(n^2).
     """
     b, _, n, d = q.shape
+    if reference:
+        allowed = band_keep(position_offsets(n, q.device), window, is_causal)
+        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     if use_flash_parts(q, mask, dropout_p, min(window, n)):
         scale = d**-0.5 if scale is None else scale
         return parts_attention(q, k, v, band_parts(n, window, is_causal, q.device, q.dtype), scale)
@@ -64,18 +66,65 @@ def local_attention(
 
 @register_attention("local")
 class LocalAttention(AttentionBase):
-    """Sliding-window attention: `window` positions each side (behind, when causal), default 256."""
+    """Sliding-window attention: `window` positions each side (behind, when causal), default 256;
+    `reference=True`: the dense reference."""
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"window": 8}
 
-    def __init__(self, dim: int, num_heads: int = 8, *, window: int = 256, **timm_args) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        window: int = 256,
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.window = check_int("window", window, 1)
+        self.reference = check_bool("reference", reference)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
-        return local_attention(q, k, v, mask, is_causal, window=self.window, scale=self.scale, dropout_p=dropout_p)
+        return local_attention(
+            q,
+            k,
+            v,
+            mask,
+            is_causal,
+            window=self.window,
+            scale=self.scale,
+            dropout_p=dropout_p,
+            reference=self.reference,
+        )
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, window={self.window}"

@@ -5,29 +5,22 @@ A sliding window of `window` positions each side (the paper's window of 2 * wind
 window is computed blocked (`local`'s machinery) with the global keys appended to every block, the global queries
 attend to the whole sequence: memory and time O(n * (window + g)). Each query has one softmax over the union of its
 window and the global keys, a key in both counted once. A window as long as the sequence is exact attention.
+`reference=True` computes the pattern as a dense `[n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._blocks import (
-    Part,
-    additive,
-    as_sdpa_mask,
-    band_keep,
-    band_parts,
-    check_int,
-    parts_attention,
-    rows_attention,
-    use_flash_parts,
-    window_layout,
-)
+from .._validate import check_bool, check_int
+from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, rows_attention, window_layout
 from ._common import AttentionBase
+from ._flash_parts import Part, additive, band_parts, parts_attention, use_flash_parts
 from ._registry import register_attention
 
 __all__ = ["LongformerAttention", "longformer_attention"]
@@ -44,16 +37,23 @@ def longformer_attention(
     global_indices: Sequence[int] = (0,),
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """Sliding-window attention with global positions.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep; global_indices: g distinct
     positions in [0, n) -> `[b, h, n, d]`. Causal: every query, global ones included, sees only j <= i.
+    `reference=True`: the pattern as a dense mask (`allowed_attention`), O(n^2).
     """
     b, _, n, d = q.shape
     if any(index >= n for index in global_indices):
         raise ValueError(f"global_indices {tuple(global_indices)} reach past the sequence length {n}")
     rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
+    if reference:
+        offsets = position_offsets(n, q.device)
+        is_global = torch.zeros(n, dtype=torch.bool, device=q.device).index_fill_(0, rows, True)
+        allowed = band_keep(offsets, window, is_causal) | is_global[None] | is_global[:, None]
+        return allowed_attention(q, k, v, allowed & (offsets >= 0) if is_causal else allowed, mask, scale, dropout_p)
     if use_flash_parts(q, mask, dropout_p, min(window, n)):
         return _longformer_flash(q, k, v, rows, is_causal, window, d**-0.5 if scale is None else scale)
     layout = window_layout(n, window, is_causal)
@@ -99,15 +99,50 @@ def _longformer_flash(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, is_causal: 
 
 @register_attention("longformer")
 class LongformerAttention(AttentionBase):
-    """Sliding window of `window` (default 256) each side + global positions (default the class token, 0)."""
+    """Sliding window of `window` (default 256) each side + global positions (default the class token, 0);
+    `reference=True`: the dense reference."""
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"window": 8, "global_indices": (0, 20)}
 
     def __init__(
-        self, dim: int, num_heads: int = 8, *, window: int = 256, global_indices: Sequence[int] = (0,), **timm_args
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        window: int = 256,
+        global_indices: Sequence[int] = (0,),
+        reference: bool = False,
     ) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.window = check_int("window", window, 1)
         indices = tuple(global_indices)
         for index in indices:
@@ -115,6 +150,7 @@ class LongformerAttention(AttentionBase):
         if len(set(indices)) != len(indices):
             raise ValueError(f"global_indices={indices} repeats a position; give each position once")
         self.global_indices = indices
+        self.reference = check_bool("reference", reference)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
@@ -128,6 +164,7 @@ class LongformerAttention(AttentionBase):
             global_indices=self.global_indices,
             scale=self.scale,
             dropout_p=dropout_p,
+            reference=self.reference,
         )
 
     def extra_repr(self) -> str:

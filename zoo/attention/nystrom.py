@@ -11,23 +11,26 @@ landmark, a softmax or its normaliser), and the pseudo-inverse's initial scale `
 taken per (sample, head), never over the batch as the authors' code's default did. A length that does not
 divide into the landmark count is padded internally (pad tokens are masked), and the output unpadded. With
 at least as many landmarks as tokens every token is its own landmark, the approximation tends to exact
-attention as the pseudo-inverse converges, and exact softmax attention is computed directly.
+attention as the pseudo-inverse converges, and exact softmax attention is computed directly. `reference=True`
+materialises the three kernels instead of the blocked attention calls.
 """
+
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
 from ._registry import register_attention
-from .linformer import blocked_attention, check_int, masked_softmax
+from .linformer import blocked_attention, masked_softmax
 from .softmax import softmax_attention
 
-__all__ = ["NystromAttention", "nystrom_attention", "iterative_pinv"]
+__all__ = ["NystromAttention", "iterative_pinv", "nystrom_attention"]
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
@@ -51,12 +54,12 @@ def nystrom_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     *,
     num_landmarks: int = 64,
     pinv_iterations: int = 6,
-    scale: Optional[float] = None,
-    fused: bool = True,
+    scale: float | None = None,
+    reference: bool = False,
 ) -> Tensor:
     """Nystrom approximation of softmax attention (no convolution skip; the module adds it).
 
@@ -67,11 +70,11 @@ def nystrom_attention(
     landmark: its column is dropped from the first two kernels and its row of the middle kernel is the
     identity, so it adds nothing. Rows of padded queries are not meaningful.
 
-    `fused=True` (default) never forms the `[n, r]` kernels: `softmax(q_l k^T) v` and `softmax(q k_l^T) W`
-    are `blocked_attention` calls (blocked, weights recomputed in backward); `fused=False` is the explicit
-    reference with the three kernels materialised.
+    The `[n, r]` kernels are never formed: `softmax(q_l k^T) v` and `softmax(q k_l^T) W` are `blocked_attention`
+    calls (blocked, weights recomputed in backward); `reference=True` is the explicit reference with the three
+    kernels materialised.
     """
-    b, h, n, d = q.shape
+    b, _, n, d = q.shape
     r = num_landmarks
     w = -(-n // r)
     out_dtype = v.dtype
@@ -101,7 +104,7 @@ def nystrom_attention(
         )
         q_l = q_l * scale
         kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
-        if fused:
+        if not reference:
             values = blocked_attention(q_l, k, v, mask)  # softmax(q_l k^T) v: b h r d
             weights = iterative_pinv(kernel_2, pinv_iterations) @ values
             out = blocked_attention(q, k_l * scale, weights, None if keep is None else has_landmark)
@@ -145,18 +148,33 @@ class NystromAttention(AttentionBase):
     `conv_kernel_size` (odd, or None / 0 for none): a depthwise convolution over the sequence, one kernel per
     head shared across the head dim (the authors' `Conv2d(h, h, (K, 1), groups=h)`), applied to the values with
     padded tokens zeroed and added to the attention output. Attention dropout is refused: dropping entries of
-    the three kernels would break the pseudo-inverse they are built around.
+    the three kernels would break the pseudo-inverse they are built around. `reference=True`: the explicit kernels
+    of `nystrom_attention` and `softmax_attention`.
     """
+
+    test_options: ClassVar[dict] = {"num_landmarks": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         num_landmarks: int = 64,
         pinv_iterations: int = 6,
-        conv_kernel_size: Optional[int] = 33,
-        **timm_args,
+        conv_kernel_size: int | None = 33,
+        reference: bool = False,
     ) -> None:
         check_int("num_landmarks", num_landmarks, 1)
         check_int("pinv_iterations", pinv_iterations, 0)
@@ -164,9 +182,25 @@ class NystromAttention(AttentionBase):
             check_int("conv_kernel_size", conv_kernel_size, 0)
             if conv_kernel_size % 2 == 0 and conv_kernel_size:
                 raise ValueError(f"conv_kernel_size={conv_kernel_size} must be odd (or None / 0 for no convolution)")
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.num_landmarks = num_landmarks
         self.pinv_iterations = pinv_iterations
+        self.reference = check_bool("reference", reference)
         self.conv_kernel_size = conv_kernel_size or None
         self.conv = None
         if self.conv_kernel_size:
@@ -178,17 +212,24 @@ class NystromAttention(AttentionBase):
                 padding=(conv_kernel_size // 2, 0),
                 groups=num_heads,
                 bias=False,
-                device=timm_args.get("device"),
-                dtype=timm_args.get("dtype"),
+                device=device,
+                dtype=dtype,
             )
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         if q.shape[-2] <= self.num_landmarks:
             keep = mask[:, None, None, :] if mask is not None else None
-            out = softmax_attention(q, k, v, keep, scale=self.scale)
+            out = softmax_attention(q, k, v, keep, scale=self.scale, reference=self.reference)
         else:
             out = nystrom_attention(
-                q, k, v, mask, num_landmarks=self.num_landmarks, pinv_iterations=self.pinv_iterations, scale=self.scale
+                q,
+                k,
+                v,
+                mask,
+                num_landmarks=self.num_landmarks,
+                pinv_iterations=self.pinv_iterations,
+                scale=self.scale,
+                reference=self.reference,
             )
         if self.conv is not None:
             out = out + sequence_conv(masked_fill_keys(v, mask), self.conv.weight[:, 0, :, 0])

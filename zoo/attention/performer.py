@@ -7,32 +7,36 @@ computed in float32. Random features are redrawn every `redraw_interval` optimiz
 so data-parallel replicas and resumed runs draw the same matrices. The projection is block-orthogonal gaussian
 (the paper's ORF), iid gaussian, or structured Hadamard blocks (SORF, "Orthogonal Random Features", Yu et al.
 2016, https://arxiv.org/abs/1610.09072). Causal decoding carries the FAVOR+ state token to token
-(`decode_step`, shared with linear attention through `KernelStepMixin`).
+(`decode_step`, shared with linear attention through `KernelStepMixin`). `reference=True` computes every mode
+through explicit features and `kernel_attention`, the path the tests compare the blocked kernel with.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import ClassVar, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase
 from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
-from ._kernel import (
-    KernelStepMixin,
+from ._kernel import KernelStepMixin, kernel_attention
+from ._registry import register_attention
+from ._seeded import SeedStepMixin
+from ._workspace import (
     SplitHeads,
     Workspace,
-    blocks,
     first_order_only,
-    kernel_attention,
+    keep_in_rows,
     normalise_backward_into,
     normalise_into,
-    rows_of,
-    span,
+    num_rows,
+    row_blocks,
+    unwritten,
     with_ones_into,
 )
-from ._registry import register_attention
 
 __all__ = ["PerformerAttention", "favor_attention", "favor_features"]
 
@@ -44,13 +48,13 @@ def favor_attention(
     k: Tensor,
     v: Tensor,
     projection: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
     kernel: Literal["softmax", "relu"] = "softmax",
     chunk_size: int = 128,
     eps: float = 1e-4,
-    fused: bool = True,
+    reference: bool = False,
 ) -> Tensor:
     """FAVOR+ attention.
 
@@ -59,8 +63,8 @@ def favor_attention(
     `phi(q).phi(k)` estimates `exp(q.k / sqrt(d))`. `eps` is the floor added to every feature (softmax: after
     stabilisation; relu: the generalized-attention kernel epsilon).
 
-    `fused=True` computes the non-causal softmax kernel block by block (`_FusedFavor`: features never stored,
-    recomputed in backward); otherwise, and for causal or relu, features go through `kernel_attention`.
+    The non-causal softmax kernel runs block by block (`_BlockedFavor`: features never stored, recomputed in
+    backward); `reference=True`, causal mode and the relu kernel take explicit features through `kernel_attention`.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r} is not one of {', '.join(map(repr, KERNELS))}")
@@ -70,13 +74,11 @@ def favor_attention(
     with torch.autocast(v.device.type, enabled=False):
         dtype = torch.promote_types(v.dtype, torch.float32)
         q, k, v, projection = q.to(dtype), k.to(dtype), v.to(dtype), projection.to(dtype)
-        # the fused kernel walks keys and queries in the same row blocks: equal lengths only
-        if fused and kernel == "softmax" and not is_causal and k.shape[-2] == q.shape[-2]:
-            return _FusedFavor.apply(q, k, v, projection, mask, eps).to(out_dtype)
+        # the blocked kernel walks keys and queries in the same row blocks: equal lengths only
+        if not reference and kernel == "softmax" and not is_causal and k.shape[-2] == q.shape[-2]:
+            return _BlockedFavor.apply(q, k, v, projection, mask, eps).to(out_dtype)
         phi_q, phi_k, key_log_scale = favor_features(q, k, projection, mask, is_causal, kernel=kernel, eps=eps)
-        out = kernel_attention(
-            phi_q, phi_k, v, key_log_scale=key_log_scale, is_causal=is_causal, chunk_size=chunk_size
-        )
+        out = kernel_attention(phi_q, phi_k, v, key_log_scale=key_log_scale, is_causal=is_causal, chunk_size=chunk_size)
     return out.to(out_dtype)
 
 
@@ -84,12 +86,12 @@ def favor_features(
     q: Tensor,
     k: Tensor,
     projection: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
     kernel: Literal["softmax", "relu"] = "softmax",
     eps: float = 1e-4,
-) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """The features `kernel_attention` takes, in float32 at least with autocast off.
 
     q, k: `[b, h, n, d]`; projection: `[r, d]`; mask: `[b, n]` bool, True = keep -> phi_q, phi_k `[b, h, n, r]`
@@ -107,13 +109,13 @@ def favor_features(
         return phi_q, phi_k, key_offset if is_causal else None
 
 
-# Rows per block in `_FusedFavor`: about 32 MiB of features across batch x heads, written into buffers
+# Rows per block in `_BlockedFavor`: about 32 MiB of features across batch x heads, written into buffers
 # reused by every block (a fresh buffer that large is mmapped, and its page faults cost as much as the exp).
 # Large blocks keep the op count low: every op is a thread barrier, and on busy cores 1 MiB blocks ran 5x slower.
 _BLOCK_BYTES = 2**25
 
 
-class _FusedFavor(torch.autograd.Function):
+class _BlockedFavor(torch.autograd.Function):
     """Non-causal FAVOR+ (softmax kernel) in row blocks, equal to the `kernel_attention` path.
 
     Forward: keys block by block into the state `[S | z]^T: [b h, e, r]`, with an online max over kept keys
@@ -125,7 +127,7 @@ class _FusedFavor(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, projection: Tensor, mask: Optional[Tensor], eps: float):
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, projection: Tensor, mask: Tensor | None, eps: float):
         b, h, n, d = q.shape
         r = projection.shape[0]
         weight_t = (projection * d**-0.25).t()
@@ -136,10 +138,10 @@ class _FusedFavor(torch.autograd.Function):
         half_sq = _half_square(k)
         state = q.new_zeros(b * h, d + 1, r)
         running_max = q.new_full((b, h), torch.finfo(q.dtype).min)
-        for rows in blocks(n, block):
-            features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
-            new_max = _key_max(features, rows_of(keep, rows), running_max)
-            _exp_key_features(features, half_sq[..., rows], rows_of(keep, rows), new_max)
+        for rows in row_blocks(n, block):
+            features = torch.matmul(k[:, :, rows], weight_t, out=features_ws.view(b, h, num_rows(rows), r))
+            new_max = _key_max(features, keep_in_rows(keep, rows), running_max)
+            _exp_key_features(features, half_sq[..., rows], keep_in_rows(keep, rows), new_max)
             # Online max: rescale the state to the new running max, then add this block (relative to it).
             state.mul_(torch.exp(running_max - new_max).view(-1, 1, 1))
             values = with_ones_into(v[:, :, rows], values_ws).flatten(0, 1)
@@ -151,16 +153,16 @@ class _FusedFavor(torch.autograd.Function):
         state.add_(torch.cat([kept, count.expand(b, h, 1)], -1).view(-1, d + 1, 1), alpha=floor)
         # The queries' floor adds floor * sum_r state[:, r] to every output row.
         state_floor = state.sum(-1).mul_(floor).unsqueeze(1)
-        out = q.new_empty(b, n, h, d).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
-        den = q.new_empty(b, h, n)
-        query_offset = q.new_empty(b, h, n, 1)
-        for rows in blocks(n, block):
-            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, span(rows), r))
+        out = unwritten(q, (b, n, h, d)).permute(0, 2, 1, 3)  # [b, h, n, d] laid out as [b, n, h, d] for proj
+        den = unwritten(q, (b, h, n))
+        query_offset = unwritten(q, (b, h, n, 1))
+        for rows in row_blocks(n, block):
+            features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, num_rows(rows), r))
             # exp(w.q - |q|^2 / 2 - max(w.q)): the reference's offset (see `softmax_kernel_features`).
             offset = torch.add(features.amax(-1, keepdim=True), 0.5 * math.log(r), out=query_offset[:, :, rows])
             offset.add_(_half_square(q[:, :, rows]).unsqueeze(-1))
             features.sub_(offset).exp_()
-            numden = values_ws.view(b * h, span(rows), d + 1)
+            numden = values_ws.view(b * h, num_rows(rows), d + 1)
             torch.baddbmm(state_floor, features.flatten(0, 1), state.transpose(1, 2), out=numden)
             numden = numden.unflatten(0, (b, h))
             normalise_into(numden, out[:, :, rows], den[:, :, rows])
@@ -180,12 +182,12 @@ class _FusedFavor(torch.autograd.Function):
         features_ws, grad_features_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * r)
         values_ws, grad_rows_ws = Workspace(q, b * h * block * (d + 1)), Workspace(q, b * h * block * d)
         # One buffer laid out like the qkv projection's output, so `SplitHeads` hands it on without a copy.
-        grad_qkv = q.new_empty(b, n, 3, h, d)
+        grad_qkv = unwritten(q, (b, n, 3, h, d))
         grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
         grad_state = torch.zeros_like(state)
         grad_sum = q.new_zeros(b * h, d + 1, 1)
-        for rows in blocks(n, block):
-            w = span(rows)
+        for rows in row_blocks(n, block):
+            w = num_rows(rows)
             features = torch.matmul(q[:, :, rows], weight_t, out=features_ws.view(b, h, w, r))
             features = features.sub_(query_offset[:, :, rows]).exp_().flatten(0, 1)
             grad_numden = normalise_backward_into(grad_out[:, :, rows], out[:, :, rows], den[:, :, rows], values_ws)
@@ -200,8 +202,8 @@ class _FusedFavor(torch.autograd.Function):
         grad_state_v = grad_state[:, :d].transpose(1, 2)
         # The keys' floor: every kept key added floor * v_j to every feature of the state.
         grad_v_floor = grad_state[:, :d].sum(-1).mul_(floor).view(b, h, 1, d)
-        for rows in blocks(n, block):
-            w, keep_rows, k_rows = span(rows), rows_of(keep, rows), k[:, :, rows]
+        for rows in row_blocks(n, block):
+            w, keep_rows, k_rows = num_rows(rows), keep_in_rows(keep, rows), k[:, :, rows]
             features = torch.matmul(k_rows, weight_t, out=features_ws.view(b, h, w, r))
             features = _exp_key_features(features, half_sq[..., rows], keep_rows, running_max).flatten(0, 1)
             floor_v = grad_v_floor if keep_rows is None else grad_v_floor * keep_rows[..., None]
@@ -228,7 +230,7 @@ def _add_half_square_grad(grad_rows: Tensor, grad_features: Tensor, x: Tensor) -
     return grad_rows.addcmul_(grad_features.sum(-1).view(b, h, w, 1), x, value=-(d**-0.5))
 
 
-def _key_max(features: Tensor, keep: Optional[Tensor], running_max: Tensor) -> Tensor:
+def _key_max(features: Tensor, keep: Tensor | None, running_max: Tensor) -> Tensor:
     """The running max `[b, h]` updated with this block's kept w.k (the reference's offset)."""
     key_max = features.amax(-1)
     if keep is not None:
@@ -236,7 +238,7 @@ def _key_max(features: Tensor, keep: Optional[Tensor], running_max: Tensor) -> T
     return torch.maximum(running_max, key_max.amax(-1))
 
 
-def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Optional[Tensor], offset: Tensor) -> Tensor:
+def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Tensor | None, offset: Tensor) -> Tensor:
     """In place, `features = w.k`: `exp(w.k - |k|^2 / 2 - offset) / sqrt(r)`, exactly zero for padded keys."""
     shift = half_sq + (offset[..., None] + 0.5 * math.log(features.shape[-1]))
     if keep is not None:
@@ -244,22 +246,16 @@ def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Optional[Tensor],
     return features.sub_(shift[..., None]).exp_()
 
 
-def _positive_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
-
-
 @register_attention("performer")
-class PerformerAttention(KernelStepMixin, AttentionBase):
+class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
     """FAVOR+ multi-head attention with timm's projections; causal mode by chunked prefix sums.
 
-    `fused=True` (default) runs the non-causal softmax kernel through `_FusedFavor` (blocked, features
-    recomputed in backward); `fused=False` is the reference path through `softmax_kernel_features` and
-    `kernel_attention`, which causal mode and the relu kernel always take.
+    The non-causal softmax kernel runs through `_BlockedFavor` (blocked, features recomputed in backward);
+    `reference=True` is the explicit path through `softmax_kernel_features` and `kernel_attention`, which causal
+    mode and the relu kernel always take.
 
     Buffers (persistent, so resuming restores them): `random_features` `[nb_features, head_dim]` (not named
-    `projection*`: `proj` is the prefix of timm's output projection), `seed` (drawn once from torch's global
-    RNG at construction), `step` (optimizer steps seen). Call `zoo.attention.on_optimizer_step(model)` after
+    `projection*`: `proj` is the prefix of timm's output projection), and `SeedStepMixin`'s `seed` and `step`. Call `zoo.attention.on_optimizer_step(model)` after
     every optimizer step; with `redraw_interval > 0` the features are redrawn every `redraw_interval` steps
     from a generator seeded by (`seed`, redraw index). `projection` picks how they are drawn (`PROJECTIONS`):
     `orthogonal` (blocks of orthogonal rows, chi norms), `gaussian` (iid N(0, 1) rows) or `hadamard` (SORF
@@ -270,11 +266,24 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
     """
 
     supports_causal = True
+    test_options: ClassVar[dict] = {"nb_features": 24, "chunk_size": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         nb_features: int = 256,
         kernel: Literal["softmax", "relu"] = "softmax",
@@ -282,21 +291,34 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
         redraw_interval: int = 0,
         chunk_size: int = 128,
         eps: float = 1e-4,
-        fused: bool = True,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
-        _positive_int("nb_features", nb_features, 1)
-        _positive_int("redraw_interval", redraw_interval, 0)
-        _positive_int("chunk_size", chunk_size, 1)
+        check_int("nb_features", nb_features, 1)
+        check_int("redraw_interval", redraw_interval, 0)
+        check_int("chunk_size", chunk_size, 1)
         if kernel not in KERNELS:
             raise ValueError(f"kernel {kernel!r} is not one of {', '.join(map(repr, KERNELS))}")
         if projection not in PROJECTIONS:
             raise ValueError(f"projection {projection!r} is not one of {', '.join(map(repr, PROJECTIONS))}")
         if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
             raise ValueError(f"eps={eps!r} must be a number >= 0")
-        if not isinstance(fused, bool):
-            raise ValueError(f"fused={fused!r} must be True or False")
-        super().__init__(dim, num_heads, **timm_args)
+        check_bool("reference", reference)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.nb_features = nb_features
         self.kernel = kernel
         self.projection = projection
@@ -305,24 +327,24 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
         self.redraw_interval = redraw_interval
         self.chunk_size = chunk_size
         self.eps = float(eps)
-        self.fused = fused
-        device = timm_args.get("device")
-        self.register_buffer("seed", torch.randint(0, 2**62, (), dtype=torch.int64).to(device))
-        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
-        self.register_buffer("random_features", self.draw_features(0).to(dtype=timm_args.get("dtype")))
+        self.reference = reference
+        self.register_seed_and_step(device)
+        self.register_buffer("random_features", self.draw_features(0).to(dtype=dtype))
 
     def draw_features(self, index: int) -> Tensor:
         """Redraw number `index` of the random features, `[nb_features, head_dim]`: a pure function of `seed`."""
-        # Golden-ratio stride: distinct, well-spread generator seeds for (seed, index), identical on every replica.
-        generator = torch.Generator().manual_seed((int(self.seed) + index * 0x9E3779B97F4A7C15) % 2**64)
         return random_projection(
-            self.projection, self.nb_features, self.head_dim, generator=generator, device=self.seed.device
+            self.projection,
+            self.nb_features,
+            self.head_dim,
+            generator=self.seeded_generator(index),
+            device=self.seed.device,
         )
 
     @torch.no_grad()
     def on_optimizer_step(self) -> None:
         """Count an optimizer step; redraw the features when `step` reaches a multiple of `redraw_interval`."""
-        self.step += 1
+        super().on_optimizer_step()
         if self.redraw_interval and int(self.step) % self.redraw_interval == 0:
             self.random_features.copy_(self.draw_features(int(self.step) // self.redraw_interval))
 
@@ -331,13 +353,21 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
         q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
         return self.q_norm(q), self.k_norm(k), v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         return favor_attention(
-            q, k, v, self.random_features, mask, is_causal,
-            kernel=self.kernel, chunk_size=self.chunk_size, eps=self.eps, fused=self.fused,
+            q,
+            k,
+            v,
+            self.random_features,
+            mask,
+            is_causal,
+            kernel=self.kernel,
+            chunk_size=self.chunk_size,
+            eps=self.eps,
+            reference=self.reference,
         )
 
-    def step_features(self, q: Tensor, k: Tensor, keep: Optional[Tensor]) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    def step_features(self, q: Tensor, k: Tensor, keep: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
         return favor_features(q, k, self.random_features, keep, True, kernel=self.kernel, eps=self.eps)
 
     def extra_repr(self) -> str:
@@ -345,5 +375,5 @@ class PerformerAttention(KernelStepMixin, AttentionBase):
             f"{super().extra_repr()}, nb_features={self.nb_features}, kernel={self.kernel!r}, "
             f"projection={self.projection!r}, "
             f"redraw_interval={self.redraw_interval}, chunk_size={self.chunk_size}, eps={self.eps}, "
-            f"fused={self.fused}"
+            f"reference={self.reference}"
         )

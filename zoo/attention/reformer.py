@@ -20,26 +20,31 @@ decide which past keys a query sees.
 
 Both rules are "0 <= x_q - x_k <= width" on a per-round code x (the chunk index with width 1; or, causal,
 `rank + bucket * (w + 1)` with width w), which the fast path evaluates with integer arithmetic on blocks of chunks
-in a custom autograd function that saves the attention weights, never logits or masks. `fused=False` is the O(n^2)
-reference: the same rules on dense `[n, n]` matrices and one softmax over the union of the rounds, for the tests.
+in a custom autograd function that saves the attention weights, never logits or masks. `reference=True` is the
+O(n^2) reference: the same rules on dense `[n, n]` matrices and one softmax over the union of the rounds, for the
+tests.
 
 Letter legend: b - batch, h - heads, r - hash rounds, n - length (padded: l), t - chunks of all rounds and heads,
-w - chunk length (`bucket_size`), v - keys a chunk sees (2w, or w with one chunk), d - head dim, u - buckets / 2.
+w - chunk length (`bucket_size`), s - keys a chunk sees (2w, or w with one chunk), d - head dim, u - buckets / 2.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, pad_to_multiple
 from ._registry import register_attention
+from ._seeded import SeedStepMixin
+from ._workspace import unwritten
 
-__all__ = ["ReformerAttention", "lsh_attention", "lsh_buckets", "lsh_bucket_count"]
+__all__ = ["ReformerAttention", "lsh_attention", "lsh_bucket_count", "lsh_buckets"]
 
 # A query's logit for its own key (the paper subtracts 1e5; reformer-pytorch sets -5e4), and what is added to
 # the logit of a key it may not see: far below the self logit, so exp() of it is exactly 0 next to any real key.
@@ -71,7 +76,7 @@ def _signed_argmax(x: Tensor, half: int) -> Tensor:
     return ((group * x.shape[-1] + column) % half + half * ~positive).squeeze(-1)
 
 
-def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) -> Tensor:
+def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Tensor | None = None) -> Tensor:
     """Angular LSH, `argmax([xR; -xR])` in every round.
 
     qk: `[b, h, n, d]`; rotations: `[h, r, d, u]` (n_buckets = 2u; u = 0 means one bucket); keep: `[b, n]` bool
@@ -98,7 +103,7 @@ def lsh_buckets(qk: Tensor, rotations: Tensor, keep: Optional[Tensor] = None) ->
 
 
 @dataclass
-class _Layout:
+class _ChunkLayout:
     """The sorted slots of all rounds, `t` chunks of `w`, and what the fast path's visibility rules need.
 
     Slot tensors have `(t + 1) w` rows (in their last dim): a leading dummy chunk, so that the keys of chunk i
@@ -108,18 +113,18 @@ class _Layout:
     rows: Tensor  # [(t + 1) w] the row in [b h l, *] of the position each slot holds
     unsort: Tensor  # [b h, r, l] the slot (not counting the dummy chunk) of every position in every round
     code: Tensor  # [(t + 1) w] the slot's code x in its own round
-    codes: Optional[Tensor]  # [r, (t + 1) w] the code of the slot's position in every round (count_duplicates)
-    pad: Tensor  # [(t + 1) w] bool: a padded or masked position
-    first: Tensor  # [t] bool: chunk 0 of its round
-    w: int
-    v: int
-    chunks: int
+    codes: Tensor | None  # [r, (t + 1) w] the code of the slot's position in every round (count_duplicates)
+    padded: Tensor  # [(t + 1) w] bool: a padded or masked position
+    first_chunk: Tensor  # [t] bool: chunk 0 of its round
+    chunk_len: int  # w, the bucket size
+    keys_per_chunk: int  # s: 2w (the chunk and the one before it), or w with one chunk
+    chunks: int  # chunks per round
     rounds: int
     is_causal: bool
 
     @classmethod
     @torch.no_grad()
-    def build(cls, buckets: Tensor, w: int, n_buckets: int, is_causal: bool, count_duplicates: bool) -> _Layout:
+    def build(cls, buckets: Tensor, w: int, n_buckets: int, is_causal: bool, count_duplicates: bool) -> _ChunkLayout:
         """From the buckets `[b, h, r, l]` of every position in every round."""
         b, h, rounds, length = buckets.shape
         chunks, arange = length // w, partial(torch.arange, device=buckets.device)
@@ -141,15 +146,22 @@ class _Layout:
             return torch.cat([x[..., :w], x], dim=-1)
 
         return cls(
-            with_dummy(rows), (rank + arange(b * h * rounds).view(b, h, rounds, 1) * length).flatten(0, 1),
-            with_dummy(code.to(dtype)), None if codes is None else with_dummy(codes.to(dtype)),
-            with_dummy((sorted_buckets == n_buckets).flatten()), arange(b * h * rounds * chunks) % chunks == 0,
-            w, 2 * w if chunks > 1 else w, chunks, rounds, is_causal,
+            with_dummy(rows),
+            (rank + arange(b * h * rounds).view(b, h, rounds, 1) * length).flatten(0, 1),
+            with_dummy(code.to(dtype)),
+            None if codes is None else with_dummy(codes.to(dtype)),
+            with_dummy((sorted_buckets == n_buckets).flatten()),
+            arange(b * h * rounds * chunks) % chunks == 0,
+            w,
+            2 * w if chunks > 1 else w,
+            chunks,
+            rounds,
+            is_causal,
         )
 
-    def blocks(self, step: int) -> list[tuple[int, int, Optional[int]]]:
+    def blocks(self, step: int) -> list[tuple[int, int, int | None]]:
         """Chunk ranges (t0, t1) of at most `step` chunks, with their round when they lie in a single one."""
-        total = self.first.shape[0]
+        total = self.first_chunk.shape[0]
         if self.chunks < step:
             size = step // self.chunks * self.chunks
             return [(t0, min(total, t0 + size), None) for t0 in range(0, total, size)]
@@ -160,47 +172,49 @@ class _Layout:
         ]
 
     def window(self, x: Tensor, t0: int, t1: int) -> Tensor:
-        """Slot rows `x: [(t + 1) w, *]` -> the keys of chunks t0..t1, `[t1 - t0, v, *]` (a view)."""
-        start = (t0 + 1) * self.w - (self.v - self.w)
-        shape, stride = (t1 - t0, self.v) + x.shape[1:], (self.w * x.stride(0),) + x.stride()
+        """Slot rows `x: [(t + 1) w, *]` -> the keys of chunks t0..t1, `[t1 - t0, s, *]` (a view)."""
+        start = (t0 + 1) * self.chunk_len - (self.keys_per_chunk - self.chunk_len)
+        shape, stride = (t1 - t0, self.keys_per_chunk) + x.shape[1:], (self.chunk_len * x.stride(0),) + x.stride()
         return x.as_strided(shape, stride, x.storage_offset() + start * x.stride(0))
 
     def own(self, x: Tensor, t0: int, t1: int) -> Tensor:
         """Slot rows `x: [(t + 1) w, *]` -> the queries of chunks t0..t1, `[t1 - t0, w, *]` (a view)."""
-        return x[(t0 + 1) * self.w : (t1 + 1) * self.w].unflatten(0, (t1 - t0, self.w))
+        return x[(t0 + 1) * self.chunk_len : (t1 + 1) * self.chunk_len].unflatten(0, (t1 - t0, self.chunk_len))
 
     def before_first(self, t0: int, t1: int) -> Tensor:
-        """`[t1 - t0, v]` bool: the key slots of the (absent) chunk before a chunk 0."""
-        return self.first[t0:t1, None] & (torch.arange(self.v, device=self.first.device) < self.v - self.w)
+        """`[t1 - t0, s]` bool: the key slots of the (absent) chunk before a chunk 0."""
+        return self.first_chunk[t0:t1, None] & (
+            torch.arange(self.keys_per_chunk, device=self.first_chunk.device) < self.keys_per_chunk - self.chunk_len
+        )
 
     @torch.no_grad()
-    def apply(self, dots: Tensor, t0: int, t1: int, round_: Optional[int]) -> Optional[Tensor]:
-        """Self logit and hidden keys on the logits `dots: [t1 - t0, w, v]` of chunks t0..t1 (all in round
+    def mask_logits(self, dots: Tensor, t0: int, t1: int, round_: int | None) -> Tensor | None:
+        """Self logit and hidden keys on the logits `dots: [t1 - t0, w, s]` of chunks t0..t1 (all in round
         `round_`, or None), in place; returns how many rounds each pair meets in (count_duplicates), or None."""
         # A query's own key is on the diagonal of its own chunk.
-        dots[:, :, self.v - self.w :].diagonal(dim1=1, dim2=2).fill_(SELF_LOGIT)
+        dots[:, :, self.keys_per_chunk - self.chunk_len :].diagonal(dim1=1, dim2=2).fill_(SELF_LOGIT)
         if self.is_causal:
-            hidden = self._far(self.own(self.code, t0, t1), self.window(self.code, t0, t1))
+            hidden = self._unseen(self.own(self.code, t0, t1), self.window(self.code, t0, t1))
             dots.add_(hidden.add_(self.before_first(t0, t1)[:, None]).clamp_max_(1), alpha=MASKED_LOGIT)
         else:
-            hidden = self.window(self.pad, t0, t1) | self.before_first(t0, t1)
+            hidden = self.window(self.padded, t0, t1) | self.before_first(t0, t1)
             dots.add_(hidden[:, None].to(dots.dtype), alpha=MASKED_LOGIT)
         if self.codes is None:
             return None
         # Rounds in which a pair does not meet; a visible pair meets in its own round, which can be skipped.
-        far = None
+        missed = None
         for other, codes in enumerate(self.codes):
             if other != round_:
-                miss = self._far(self.own(codes, t0, t1), self.window(codes, t0, t1))
-                far = miss if far is None else far.add_(miss)
-        return far.neg_().add_(self.rounds).clamp_min_(1)
+                miss = self._unseen(self.own(codes, t0, t1), self.window(codes, t0, t1))
+                missed = miss if missed is None else missed.add_(miss)
+        return missed.neg_().add_(self.rounds).clamp_min_(1)
 
-    def _far(self, query: Tensor, key: Tensor) -> Tensor:
-        """Codes `[g, w]`, `[g, v]` -> `[g, w, v]` int: 0 where 0 <= x_q - x_k <= width, else 1 (width: 1 for
+    def _unseen(self, query: Tensor, key: Tensor) -> Tensor:
+        """Codes `[g, w]`, `[g, s]` -> `[g, w, s]` int: 0 where 0 <= x_q - x_k <= width, else 1 (width: 1 for
         chunk indices, w causal)."""
         # a = 2 x_q - width, b = 2 x_k: |a - b| <= width, tested as (|a - b| + c) >> bits == 0 without compares.
-        width = self.w if self.is_causal else 1
-        bits, slack = width.bit_length(), 2**width.bit_length() - 1 - width
+        width = self.chunk_len if self.is_causal else 1
+        bits, slack = width.bit_length(), 2 ** width.bit_length() - 1 - width
         distance = ((2 * query - width)[:, :, None] - 2 * key[:, None]).abs_()
         return (distance.add_(slack) if slack else distance).bitwise_right_shift_(bits).clamp_max_(1)
 
@@ -222,8 +236,8 @@ class _LSHAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, v: Tensor, layout: _Layout, scale: float, dropout_p: float) -> Tensor:
-        w, width, d = layout.w, layout.v, q.shape[-1]
+    def forward(ctx, q: Tensor, v: Tensor, layout: _ChunkLayout, scale: float, dropout_p: float) -> Tensor:
+        w, width, d = layout.chunk_len, layout.keys_per_chunk, q.shape[-1]
         # Slots after a dummy chunk, [(t + 1) w, d], and their keys q / |q|.
         queries, values = q.index_select(0, layout.rows), v.index_select(0, layout.rows)
         norm = queries.norm(dim=-1, keepdim=True).clamp_min_(1e-12)
@@ -232,13 +246,14 @@ class _LSHAttention(torch.autograd.Function):
         norm = norm.div_(scale)
         t = queries.shape[0] // w - 1
         step = max(1, BLOCK_SCORES // (w * width))
-        probs = q.new_empty(t, w, width)
-        kept = torch.empty(t, w, width, dtype=torch.bool, device=q.device) if dropout_p > 0 else None
-        out, top, total = q.new_empty(t, w, d), q.new_empty(t, w, 1), q.new_empty(t, w, 1)
+        probs = unwritten(q, (t, w, width))
+        kept = unwritten(q, (t, w, width), dtype=torch.bool) if dropout_p > 0 else None
+        out, top, total = unwritten(q, (t, w, d)), unwritten(q, (t, w, 1)), unwritten(q, (t, w, 1))
         for t0, t1, round_ in layout.blocks(step):
-            scores = torch.bmm(layout.own(queries, t0, t1) * scale, layout.window(keys, t0, t1).transpose(1, 2),
-                               out=probs[t0:t1])
-            count = layout.apply(scores, t0, t1, round_)
+            scores = torch.bmm(
+                layout.own(queries, t0, t1) * scale, layout.window(keys, t0, t1).transpose(1, 2), out=probs[t0:t1]
+            )
+            count = layout.mask_logits(scores, t0, t1, round_)
             torch.amax(scores, -1, keepdim=True, out=top[t0:t1])
             # Unnormalised weights exp(s - top), divided by the rounds a pair meets in (logit - log count, the
             # paper's eq. 6); the normaliser is applied to the output rows instead.
@@ -268,7 +283,7 @@ class _LSHAttention(torch.autograd.Function):
     def backward(ctx, grad_result: Tensor):
         queries, values, keys, norm, probs, kept, factor, result = ctx.saved_tensors
         layout, scale, step = ctx.layout, ctx.scale, ctx.step
-        w, width, d = layout.w, layout.v, queries.shape[-1]
+        w, width, d = layout.chunk_len, layout.keys_per_chunk, queries.shape[-1]
         grad_result = grad_result.contiguous()
         # The final weights factor * probs are one softmax over all rounds' keys: d logits = p (dp - out . grad_out).
         delta = (result * grad_result).sum(-1)
@@ -304,12 +319,18 @@ class _LSHAttention(torch.autograd.Function):
 
 
 def _dense_reference(
-    q: Tensor, v: Tensor, buckets: Tensor, layout: _Layout, n_buckets: int, count_duplicates: bool, scale: float,
+    q: Tensor,
+    v: Tensor,
+    buckets: Tensor,
+    layout: _ChunkLayout,
+    n_buckets: int,
+    count_duplicates: bool,
+    scale: float,
     dropout_p: float,
 ) -> Tensor:
     """The rules on dense `[l, l]` matrices, O(n^2): per round who meets whom, then one softmax over the union of
     the rounds (each key once with count_duplicates, else once per round it is met in). q, v: `[b, h, l, d]`."""
-    w, length = layout.w, q.shape[-2]
+    w, length = layout.chunk_len, q.shape[-2]
     rank = (layout.unsort % length).view(buckets.shape)
     meets = torch.zeros(q.shape[:2] + (length, length), dtype=q.dtype, device=q.device)
     for round_ in range(buckets.shape[2]):
@@ -334,14 +355,14 @@ def lsh_attention(
     qk: Tensor,
     v: Tensor,
     rotations: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
     bucket_size: int = 64,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     count_duplicates: bool = True,
     dropout_p: float = 0.0,
-    fused: bool = True,
+    reference: bool = False,
 ) -> Tensor:
     """Shared-QK LSH attention (see the module docstring).
 
@@ -349,6 +370,7 @@ def lsh_attention(
     `2u = lsh_bucket_count(n, bucket_size)` (u = 0 for one bucket) and r hash rounds; mask: `[b, n]` bool key
     padding mask, True = keep -> `[b, h, n, d]` in v's dtype (outputs at masked positions are finite but
     meaningless). Logits are `scale * q_i . k_j`, scale = d^-1/2 by default. Computed in float32 at least.
+    `reference=True`: the O(n^2) dense reference instead of the blocked fast path.
     """
     b, h, n, d = qk.shape
     w, rounds = bucket_size, rotations.shape[1] if rotations.dim() == 4 else 0
@@ -371,8 +393,8 @@ def lsh_attention(
             keep = torch.zeros(b, length, dtype=torch.bool, device=q.device)
             keep[:, :n] = True if mask is None else mask
         buckets = lsh_buckets(q, rotations, keep)
-        layout = _Layout.build(buckets, w, n_buckets, is_causal, count_duplicates)
-        if fused:
+        layout = _ChunkLayout.build(buckets, w, n_buckets, is_causal, count_duplicates)
+        if not reference:
             q, v = (x.reshape(b * h * length, d) for x in (q, v))
             out = _LSHAttention.apply(q, v, layout, scale, dropout_p)
         else:
@@ -381,17 +403,17 @@ def lsh_attention(
 
 
 @register_attention("reformer")
-class ReformerAttention(AttentionBase):
+class ReformerAttention(SeedStepMixin, AttentionBase):
     """Reformer LSH attention with timm's projections; shared QK (the k rows of `qkv` and `k_norm` are unused).
 
     Options: `n_hashes` hash rounds (4: reformer-pytorch's default and the paper's main LSH setting),
     `bucket_size` (64, the paper's), `count_duplicates` (True: the paper's eq. 6 duplicate correction; False:
-    reformer-pytorch's default, where a key seen in several rounds counts several times), `fused` (True: the
-    blocked fast path; False: the O(n^2) dense reference, for tests).
+    reformer-pytorch's default, where a key seen in several rounds counts several times), `reference` (False: the
+    blocked fast path; True: the O(n^2) dense reference, for tests).
 
-    Rotations are drawn in every forward from a CPU generator seeded by (`seed`, `step`), both persistent
-    buffers: `seed` is drawn once from torch's global RNG at construction, `step` counts optimizer steps
-    (`zoo.attention.on_optimizer_step(model)`, which the training engine calls). So every training step hashes
+    Rotations are drawn in every forward from a CPU generator seeded by (`seed`, `step`), `SeedStepMixin`'s
+    persistent buffers: `seed` is drawn once from torch's global RNG at construction, `step` counts optimizer
+    steps (`zoo.attention.on_optimizer_step(model)`, which the training engine calls). So every training step hashes
     with fresh rotations (training never depends on one fixed hash), and all forwards within a step (gradient
     accumulation, activation recomputation, data-parallel replicas, evaluation) use the same ones. Rotations are
     per head and shared by the samples of a batch; each sample is hashed and attended on its own.
@@ -399,43 +421,59 @@ class ReformerAttention(AttentionBase):
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"bucket_size": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         n_hashes: int = 4,
         bucket_size: int = 64,
         count_duplicates: bool = True,
-        fused: bool = True,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
-        for name, value in (("n_hashes", n_hashes), ("bucket_size", bucket_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        for name, value in (("count_duplicates", count_duplicates), ("fused", fused)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name}={value!r} must be True or False")
-        super().__init__(dim, num_heads, **timm_args)
+        check_int("n_hashes", n_hashes, 1)
+        check_int("bucket_size", bucket_size, 1)
+        check_bool("count_duplicates", count_duplicates)
+        check_bool("reference", reference)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.n_hashes, self.bucket_size = n_hashes, bucket_size
-        self.count_duplicates, self.fused = count_duplicates, fused
-        device = timm_args.get("device")
-        self.register_buffer("seed", torch.randint(0, 2**62, (), dtype=torch.int64).to(device))
-        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
+        self.count_duplicates, self.reference = count_duplicates, reference
+        self.register_seed_and_step(device)
 
     def rotations(self, length: int) -> Tensor:
         """Random rotations `[h, r, d, n_buckets / 2]` for `length` positions at the current step."""
         half = lsh_bucket_count(length + (-length % self.bucket_size), self.bucket_size) // 2
-        # Golden-ratio stride: distinct, well-spread generator seeds for (seed, step), identical on every replica.
-        generator = torch.Generator().manual_seed((int(self.seed) + int(self.step) * 0x9E3779B97F4A7C15) % 2**64)
         shape = (self.num_heads, self.n_hashes, self.head_dim, half)
-        return torch.randn(shape, generator=generator).to(self.seed.device)
-
-    @torch.no_grad()
-    def on_optimizer_step(self) -> None:
-        """Count an optimizer step: the next forward hashes with new rotations."""
-        self.step += 1
+        return torch.randn(shape, generator=self.seeded_generator(int(self.step))).to(self.seed.device)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """`x: [b, n, c]` -> (qk, qk, v), each `[b, h, n, d]`: only the q and v rows of `qkv` are computed."""
@@ -445,13 +483,20 @@ class ReformerAttention(AttentionBase):
         qk = self.q_norm(qk)
         return qk, qk, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """Shared QK: `k` is ignored, the keys are the normalised `q`."""
-        options = {"bucket_size": self.bucket_size, "count_duplicates": self.count_duplicates, "fused": self.fused}
+        options = {
+            "bucket_size": self.bucket_size,
+            "count_duplicates": self.count_duplicates,
+            "reference": self.reference,
+        }
         dropout_p = self.attn_drop.p if self.training else 0.0
-        return lsh_attention(q, v, self.rotations(q.shape[-2]), mask, is_causal, scale=self.scale,
-                             dropout_p=dropout_p, **options)
+        return lsh_attention(
+            q, v, self.rotations(q.shape[-2]), mask, is_causal, scale=self.scale, dropout_p=dropout_p, **options
+        )
 
     def extra_repr(self) -> str:
-        options = f"bucket_size={self.bucket_size}, count_duplicates={self.count_duplicates}, fused={self.fused}"
+        options = (
+            f"bucket_size={self.bucket_size}, count_duplicates={self.count_duplicates}, reference={self.reference}"
+        )
         return f"{super().extra_repr()}, n_hashes={self.n_hashes}, {options}"

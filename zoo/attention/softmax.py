@@ -1,16 +1,16 @@
 """Exact softmax attention: "Attention Is All You Need" (Vaswani et al. 2017), https://arxiv.org/abs/1706.03762
 
 The baseline every other variant is measured against. The fast path is `F.scaled_dot_product_attention`
-(flash / memory-efficient kernels on GPU); `fused=False` selects the explicit reference the tests compare with.
+(flash / memory-efficient kernels on GPU); `reference=True` selects the explicit reference the tests compare with.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from .._validate import check_bool
 from ._common import AttentionBase
 from ._registry import register_attention
 
@@ -26,22 +26,24 @@ def softmax_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    fused: bool = True,
+    *,
+    reference: bool = False,
 ) -> Tensor:
     """Exact attention.
 
     q: `[b, h, n, d]`, k and v: `[b, h, m, d]`; mask: bool (True = keep) or additive, broadcastable to
-    `[b, h, n, m]` -> `[b, h, n, d]`.
+    `[b, h, n, m]` -> `[b, h, n, d]`. `reference=True`: the scores, mask and softmax written out, for the tests;
+    otherwise SDPA.
     """
     if mask is not None and is_causal:
         causal = causal_keep(q.shape[-2], k.shape[-2], q.device)
         mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
         is_causal = False
-    if fused:
+    if not reference:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
         )
@@ -56,20 +58,56 @@ def softmax_attention(
 
 @register_attention("softmax")
 class SoftmaxAttention(AttentionBase):
-    """Exact multi-head attention; takes any mask SDPA takes (key padding, `[b, 1, n, m]`, additive)."""
+    """Exact multi-head attention; takes any mask SDPA takes (key padding, `[b, 1, n, m]`, additive).
+
+    `reference=True`: the explicit pure-PyTorch path the tests compare with (otherwise SDPA).
+    """
 
     supports_causal = True
     has_attention_weights = True
 
-    def __init__(self, dim: int, num_heads: int = 8, *, fused: bool = True, **timm_args) -> None:
-        super().__init__(dim, num_heads, **timm_args)
-        self.fused = fused
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
+        self.reference = check_bool("reference", reference)
 
-    def prepare_mask(self, attn_mask: Optional[Tensor], batch: int, length: int) -> Optional[Tensor]:
+    def prepare_mask(self, attn_mask: Tensor | None, batch: int, length: int) -> Tensor | None:
         if attn_mask is not None and attn_mask.dim() == 2:
             return attn_mask[:, None, None, :]
         return attn_mask
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
-        return softmax_attention(q, k, v, mask, is_causal, self.scale, dropout_p, self.fused)
+        return softmax_attention(q, k, v, mask, is_causal, self.scale, dropout_p, reference=self.reference)

@@ -3,16 +3,17 @@
 Exact attention with the off-by-one softmax `softmax1(x)_i = exp(x_i) / (1 + sum_j exp(x_j))`: a head may give
 (almost) no weight to every key, instead of being forced to spread a full unit of weight. It equals ordinary
 softmax over the keys plus one extra key with logit 0 and value 0, which is the fast path: SDPA (flash kernels)
-on keys and values with a zero row prepended. The reference path computes the weights through a logsumexp.
+on keys and values with a zero row prepended. The reference path (`reference=True`) computes the weights through a
+logsumexp.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
+from .._validate import check_bool
 from ._common import AttentionBase
 from ._registry import register_attention
 from .softmax import causal_keep, softmax_attention
@@ -24,28 +25,30 @@ def softmax1_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     dropout_p: float = 0.0,
-    fused: bool = True,
+    *,
+    reference: bool = False,
 ) -> Tensor:
     """Exact attention with weights `exp(s_ij) / (1 + sum_j' exp(s_ij'))`, `s = q k^T * scale`.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. Padded keys
     (and, causally, later keys) are left out of the sum; a query that sees no key outputs zero.
 
-    Fused: one zero key and value are prepended, and a dummy zero query too, so causal attention stays
+    Fast path: one zero key and value are prepended, and a dummy zero query too, so causal attention stays
     square and aligned (query i + 1 sees the zero key and keys 0..i) and runs on SDPA's `is_causal` path.
+    `reference=True`: the weights written out through a logsumexp, for the tests.
     """
-    if fused:
+    if not reference:
         b, h, _, d = q.shape
         zero = q.new_zeros(b, h, 1, d)
         q1, k1, v1 = (torch.cat([zero, t], dim=-2) for t in (q, k, v))
         mask1 = None
         if mask is not None:
             mask1 = F.pad(mask, (1, 0), value=True)[:, None, None, :]
-        return softmax_attention(q1, k1, v1, mask1, is_causal, scale, dropout_p, fused=True)[:, :, 1:]
+        return softmax_attention(q1, k1, v1, mask1, is_causal, scale, dropout_p)[:, :, 1:]
     dtype = torch.promote_types(q.dtype, torch.float32)
     scores = (q.to(dtype) * (scale or q.shape[-1] ** -0.5)) @ k.to(dtype).transpose(-2, -1)
     keep = None
@@ -64,15 +67,48 @@ def softmax1_attention(
 
 @register_attention("softmax1")
 class Softmax1Attention(AttentionBase):
-    """Exact multi-head attention with the off-by-one softmax; `fused=False` selects the explicit reference."""
+    """Exact multi-head attention with the off-by-one softmax; `reference=True` selects the explicit reference."""
 
     supports_causal = True
     has_attention_weights = True
 
-    def __init__(self, dim: int, num_heads: int = 8, *, fused: bool = True, **timm_args) -> None:
-        super().__init__(dim, num_heads, **timm_args)
-        self.fused = fused
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
+        self.reference = check_bool("reference", reference)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
-        return softmax1_attention(q, k, v, mask, is_causal, self.scale, dropout_p, self.fused)
+        return softmax1_attention(q, k, v, mask, is_causal, self.scale, dropout_p, reference=self.reference)

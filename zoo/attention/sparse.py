@@ -10,22 +10,32 @@ both components, a key in both counted once):
   summaries): l + c n / l keys per query. Meant for text.
 Causal (the paper's setting) restricts both to j <= i. Each component is computed in its own layout (blocks;
 positions regrouped by i mod l; all queries against the summaries) and the two are merged through their log
-normalisers, in float32. A block covering the sequence is exact softmax attention.
+normalisers, in float32. A block covering the sequence is exact softmax attention. `reference=True` computes the
+pattern as a dense `[n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
-from ._blocks import BlockLayout, band_keep, check_int, merge_partials, partial_attention, window_layout
+from .._validate import check_bool, check_int
+from ._blocks import (
+    BlockLayout,
+    allowed_attention,
+    band_keep,
+    merge_partials,
+    partial_attention,
+    position_offsets,
+    window_layout,
+)
 from ._common import AttentionBase
 from ._registry import register_attention
 
-__all__ = ["SparseAttention", "sparse_attention"]
+__all__ = ["SparseAttention", "sparse_allowed", "sparse_attention"]
 
 PATTERNS = ("strided", "fixed")
 
@@ -68,6 +78,18 @@ def _summaries(
     return partial_attention(q, k, v, keep, scale, dropout_p)
 
 
+def sparse_allowed(n: int, pattern: str, block: int, num_summary: int, is_causal: bool, device: torch.device) -> Tensor:
+    """`[n, n]` bool, True where query i sees key j, from the paper's definition of each pattern."""
+    offsets = position_offsets(n, device)
+    if pattern == "strided":
+        allowed = (offsets.abs() <= block) | (offsets % block == 0)
+    else:
+        positions = torch.arange(n, device=device)
+        same_block = positions[:, None] // block == positions // block
+        allowed = same_block | (positions % block >= block - num_summary)
+    return allowed & (offsets >= 0) if is_causal else allowed
+
+
 def sparse_attention(
     q: Tensor,
     k: Tensor,
@@ -80,15 +102,20 @@ def sparse_attention(
     num_summary: int = 8,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    reference: bool = False,
 ) -> Tensor:
     """Sparse Transformer attention, one merged head.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]` in v's dtype.
-    Any n: padded to a multiple of `block` inside, the output unpadded.
+    Any n: padded to a multiple of `block` inside, the output unpadded. `reference=True`: the pattern as a dense
+    mask (`sparse_allowed`, `allowed_attention`), O(n^2).
     """
     if pattern not in PATTERNS:
         raise ValueError(f"pattern={pattern!r} is not one of {PATTERNS}")
     b, _, n, d = q.shape
+    if reference:
+        allowed = sparse_allowed(n, pattern, block, num_summary, is_causal, q.device)
+        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     scale = d**-0.5 if scale is None else scale
     out_dtype = v.dtype
     # Log normalisers of exponentials: float32 inside for half-precision inputs.
@@ -124,27 +151,56 @@ def sparse_attention(
 @register_attention("sparse")
 class SparseAttention(AttentionBase):
     """Sparse Transformer, one merged head: `pattern` "strided" (default) or "fixed", stride `block` (128),
-    `num_summary` summary positions per block for "fixed" (c = 8)."""
+    `num_summary` summary positions per block for "fixed" (c = 8); `reference=True`: the dense reference."""
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"block": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         pattern: Literal["strided", "fixed"] = "strided",
         block: int = 128,
         num_summary: int = 8,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         if pattern not in PATTERNS:
             raise ValueError(f"pattern={pattern!r} is not allowed: expected one of {PATTERNS}")
         self.pattern = pattern
         self.block = check_int("block", block, 2)
         self.num_summary = check_int("num_summary", num_summary, 1)
+        self.reference = check_bool("reference", reference)
         if pattern == "fixed" and num_summary > block:
             raise ValueError(f"num_summary={num_summary} is larger than block={block}: expected 1..{block}")
 
@@ -161,6 +217,7 @@ class SparseAttention(AttentionBase):
             num_summary=self.num_summary,
             scale=self.scale,
             dropout_p=dropout_p,
+            reference=self.reference,
         )
 
     def extra_repr(self) -> str:

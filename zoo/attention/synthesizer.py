@@ -14,19 +14,21 @@ learned `a` per head initialised to `mix`. Causal mode masks the logits (the den
 
 Letter legend as in `_common`, plus: e - MLP hidden width (= d), l - max_seq_len, p - rank of factorized R.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from einops import repeat
 from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase
 from ._registry import register_attention
-from .linformer import check_int, check_seq_len, masked_softmax
+from .linformer import check_seq_len, masked_softmax
 from .softmax import causal_keep, softmax_attention
 
 __all__ = ["SynthesizerAttention", "synthesizer_attention"]
@@ -37,7 +39,7 @@ MODES = ("dense", "random")
 def synthesizer_attention(
     logits: Tensor,
     v: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
 ) -> Tensor:
@@ -76,28 +78,40 @@ class SynthesizerAttention(AttentionBase):
     random `random_logits [h, l, l]` or factorized `random_left`, `random_right [h, l, rank]` (buffers with
     `fixed_random`); `mix_weight [h]` with `mix`.
 
-    Fast path (`fused=True`): dense and factorized-random logits are dot products (`[relu(.), 1] . [W2_j, b2_j]`,
+    Fast path: dense and factorized-random logits are dot products (`[relu(.), 1] . [W2_j, b2_j]`,
     `R1_i . R2_j`, plus `q_i . k_j` for `mix`), so they run on SDPA without an `[n, n]` tensor. The factorized
     dense and full random logits are not, and are formed explicitly (the paper's O(n^2)), as on the reference
-    path (`fused=False`) for every mode.
+    path (`reference=True`) for every mode.
     """
 
     supports_causal = True
     has_attention_weights = True
+    test_options: ClassVar[dict] = {"max_seq_len": 64}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         *,
         mode: Literal["dense", "random"] = "dense",
         factorized: bool = False,
         rank: int = 8,
         fixed_random: bool = False,
-        mix: Optional[float] = None,
+        mix: float | None = None,
         max_seq_len: int = 1024,
-        fused: bool = True,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {', '.join(map(repr, MODES))}")
@@ -107,11 +121,26 @@ class SynthesizerAttention(AttentionBase):
             raise ValueError(f"fixed_random=True needs mode='random', got mode={mode!r}")
         if mix is not None and (isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix <= 1):
             raise ValueError(f"mix={mix!r} must be None or a number in [0, 1] (the dot-product logits' weight)")
-        super().__init__(dim, num_heads, **timm_args)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.mode, self.factorized, self.rank, self.fixed_random = mode, bool(factorized), rank, bool(fixed_random)
-        self.max_seq_len, self.fused = max_seq_len, fused
+        self.max_seq_len, self.reference = max_seq_len, check_bool("reference", reference)
         self.mix = float(mix) if mix else None
-        dd = {"device": timm_args.get("device"), "dtype": timm_args.get("dtype")}
+        dd = {"device": device, "dtype": dtype}
         h, d = num_heads, self.head_dim
         if mode == "dense":
             # nn.Linear's default initialisation, per head.
@@ -186,10 +215,10 @@ class SynthesizerAttention(AttentionBase):
             keys = torch.cat([keys.to(k.dtype), k], dim=-1)
         return queries.to(q.dtype), keys.to(q.dtype)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         check_seq_len(self.attention_name, q.shape[-2], self.max_seq_len)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        if not self.fused or (self.mode == "dense") == self.factorized:
+        if self.reference or (self.mode == "dense") == self.factorized:
             return synthesizer_attention(self.logits(q, k), v, mask, is_causal, dropout_p)
         queries, keys = self._dot_product_form(q, k)
         # SDPA's fused kernels want one head dim for queries, keys and values: zero columns change nothing.

@@ -15,15 +15,17 @@ micro-batch and every data-parallel replica. The paper also normalises q and k (
 Letter legend: b - batch, h - heads, n - length, d - head dim, e - head dim + 1 (a ones column appended, whose
 sum is the count), s - codes, k - blocks, i / j - query / key position in a block.
 """
+
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.distributed as dist
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
+from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
 from ._registry import register_attention
 
@@ -213,9 +215,9 @@ def vq_attention_reference(
 ) -> Tensor:
     """Quadratic reference for `vq_attention`: exact softmax over the straight-through keys `codebook[codes]`.
 
-    Same shapes and outputs. Gradients: q and v as the fast path; keys straight through from every query
-    (non-causal; the fast path gives each key its code's mean), causal only from queries of the key's own block
-    of `block_len` (the fast path exactly). Padded keys get no weight and a zero value.
+    Same shapes, outputs and gradients as the fast path: keys straight through, non-causal through their code's
+    mean (each key gets the mean of its code's per-key gradients, as the fast path shares a code's logit gradient),
+    causal from queries of the key's own block of `block_len` only. Padded keys get no weight and a zero value.
     """
     out_dtype = v.dtype
     dtype = _compute_dtype(q, k, v, codebook)
@@ -224,7 +226,12 @@ def vq_attention_reference(
         q, k, v, codebook = q.to(dtype), k.to(dtype), v.to(dtype), codebook.to(dtype)
         n = q.shape[-2]
         k_hat = codewords(codebook, codes)
-        logits = torch.matmul(q * scale, (k_hat + (k - k.detach())).transpose(-2, -1))
+        straight = k
+        if not is_causal:
+            sums = code_sums(_with_ones(k), codes, codebook.shape[1], mask)
+            means = sums[..., :-1] / sums[..., -1:].clamp_min(1)  # b h s d
+            straight = means.gather(2, codes[..., None].expand_as(k))
+        logits = torch.matmul(q * scale, (k_hat + (straight - straight.detach())).transpose(-2, -1))
         seen = torch.ones(n, n, dtype=torch.bool, device=q.device)
         if is_causal:
             position = torch.arange(n, device=q.device) // min(block_len, n)
@@ -242,9 +249,10 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an integer >= 1")
+def _in_backward() -> bool:
+    """True while autograd runs a backward pass: where checkpointing and reversible stacks recompute a forward."""
+    # The graph task id is what torch.utils.checkpoint itself reads to tell a recomputation apart; -1 outside.
+    return torch._C._current_graph_task_id() != -1
 
 
 def _number(name: str, value: float, low: float, high: float) -> None:
@@ -266,44 +274,69 @@ class VQAttention(AttentionBase):
     the same update), folded into the EMA with `decay`, and the codewords set to the EMA sums over the
     Laplace-smoothed counts (`eps`). Updating once per step rather than in forward takes every micro-batch of a
     gradient-accumulation step into one update (the paper's codebook update per optimizer step), needs one
-    collective per step, and never changes a buffer the pending backward has saved. Activation checkpointing
-    re-runs forward and would count a micro-batch twice.
+    collective per step, and never changes a buffer the pending backward has saved. A forward recomputed in
+    backward (gradient checkpointing, `reversible`) is not counted again and keeps the first forward's loss.
 
-    `fused=False` computes `vq_attention_reference` (quadratic) instead of `vq_attention`.
+    `reference=True` computes `vq_attention_reference` (quadratic) instead of `vq_attention`.
     """
 
     supports_causal = True
+    test_options: ClassVar[dict] = {"codebook_size": 16, "block_len": 8}
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: Optional[int] = None,
+        dim_out: Optional[int] = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: Optional[type[nn.Module]] = None,
+        device=None,
+        dtype=None,
         *,
         codebook_size: int = 512,
         beta: float = 1e-4,
         decay: float = 0.99,
         eps: float = 1e-5,
         block_len: int = 512,
-        fused: bool = True,
-        **timm_args,
+        reference: bool = False,
     ) -> None:
-        _positive_int("codebook_size", codebook_size)
-        _positive_int("block_len", block_len)
+        check_int("codebook_size", codebook_size, 1)
+        check_int("block_len", block_len, 1)
         _number("beta", beta, 0.0, float("inf"))
         _number("decay", decay, 0.0, 1.0)
         _number("eps", eps, 0.0, float("inf"))
         if eps == 0:
             raise ValueError("eps=0 leaves unused codewords with a zero count; use a small positive eps")
-        if not isinstance(fused, bool):
-            raise ValueError(f"fused={fused!r} must be True or False")
-        super().__init__(dim, num_heads, **timm_args)
+        check_bool("reference", reference)
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
         self.codebook_size = codebook_size
         self.beta = float(beta)
         self.decay = float(decay)
         self.eps = float(eps)
         self.block_len = block_len
-        self.fused = fused
-        device, dtype = timm_args.get("device"), timm_args.get("dtype")
+        self.reference = reference
         # Drawn on the CPU from torch's global RNG, so the codebook does not depend on the device.
         codebook = torch.randn(num_heads, codebook_size, self.head_dim) * self.head_dim**-0.5
         self.register_buffer("codebook", codebook.to(device=device, dtype=dtype))
@@ -316,14 +349,29 @@ class VQAttention(AttentionBase):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
         codes = quantize(k, self.codebook)
-        attention = vq_attention if self.fused else vq_attention_reference
+        attention = vq_attention_reference if self.reference else vq_attention
         out = attention(q, k, v, self.codebook, codes, mask, is_causal, scale=self.scale, block_len=self.block_len)
         if self.training:
-            self.aux_loss = self.beta * commitment_loss(k, self.codebook, codes, mask)
-            self.record(k, codes, mask)
+            self._commit(k, codes, mask)
         else:
             self.aux_loss = None
         return out
+
+    def _commit(self, k: Tensor, codes: Tensor, mask: Optional[Tensor]) -> None:
+        """Leave the commitment loss in `aux_loss` and count the keys, once per training forward.
+
+        A recomputation (gradient checkpointing, a reversible stack's backward) runs inside backward and repeats
+        a forward already counted: it records nothing, and only fills an empty `aux_loss`. The forward's own loss
+        keeps its graph under checkpointing; a reversible stack, whose forward builds none, empties `aux_loss`
+        to take the recomputed loss with its graph. The loss is computed either way: checkpointing requires a
+        recomputation to save the tensors its forward saved.
+        """
+        loss = self.beta * commitment_loss(k, self.codebook, codes, mask)
+        if not _in_backward():
+            self.aux_loss = loss
+            self.record(k, codes, mask)
+        elif self.aux_loss is None:
+            self.aux_loss = loss
 
     @torch.no_grad()
     def record(self, k: Tensor, codes: Tensor, mask: Optional[Tensor]) -> None:
@@ -354,5 +402,5 @@ class VQAttention(AttentionBase):
     def extra_repr(self) -> str:
         return (
             f"{super().extra_repr()}, codebook_size={self.codebook_size}, beta={self.beta}, decay={self.decay}, "
-            f"eps={self.eps}, block_len={self.block_len}, fused={self.fused}"
+            f"eps={self.eps}, block_len={self.block_len}, reference={self.reference}"
         )

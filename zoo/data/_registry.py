@@ -11,27 +11,37 @@ A dataset is one file that calls ``register_dataset`` plus one import line in ``
         return ListOps(context.split, num_samples=context.num_samples, seed=context.seed, **asdict(options))
 
 The recipe validates ``data.options`` against the options dataclass (field types, and ``min`` / ``max`` /
-``min_exclusive`` / ``max_exclusive`` / ``choices`` metadata), so a builder receives checked, typed options;
-everything else a builder needs (split, seed, sample count, ``data.root``, the model's image size) comes in the
-``DataContext``. Neither the recipe nor the engine names a dataset.
+``min_exclusive`` / ``max_exclusive`` / ``length`` / ``choices`` metadata; a field without a default is required),
+so a builder receives checked, typed options. An options class may also define ``problems(self)`` returning
+``(field, message)`` pairs for checks across its fields (``digit_size <= canvas_size``); the recipe reports them as
+``data.options.<field>: <message>``. Everything else a builder needs (split, seed, sample count, ``data.root``, the
+model's image size) comes in the ``DataContext``. Neither the recipe nor the engine names a dataset.
+
+What a sample holds depends on the kind: ``image`` sets give ``(image [c, h, w] float32, label int)`` pairs
+(batched as ``{"image", "label"}``); ``dna``, ``series`` and ``tokens`` sets give dicts (``tokens`` or ``values``,
+``mask``, and ``label`` / ``labels`` / ``target``, see ``zoo.data.sequence``) that ``PadCollate`` pads; a
+``tokens`` set has a ``vocab_size`` attribute. A dataset object may define ``baselines(train_set)`` returning
+``{name: {metric: value}}``, the scores of simple rules that ``tools/eval.py`` reports beside the model's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
-from .._validate import did_you_mean, unknown_name
+from .._validate import did_you_mean
+from .sequence import PadCollate
 
 __all__ = [
     "INPUT_KINDS",
     "DataContext",
     "DatasetSpec",
     "build_dataset",
+    "collate_for",
     "get_dataset",
     "list_datasets",
     "register_dataset",
@@ -51,12 +61,14 @@ class DataContext:
     is_training: bool
     seed: int = 0
     # items of this split for generated sets (data.train_samples / val_samples / test_samples)
-    num_samples: Optional[int] = None
+    num_samples: int | None = None
     # data.root: the user's files (or, for sets read from installed packages, where to find them)
-    root: Optional[str] = None
+    root: str | None = None
     # the model's input size and channels, for image sets that resize (None: the set's own)
-    img_size: Optional[int] = None
-    in_chans: Optional[int] = None
+    img_size: int | None = None
+    in_chans: int | None = None
+    # the model takes images of any size (model.dynamic_img_size): a set need not match img_size
+    dynamic_img_size: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,25 +83,41 @@ class DatasetSpec:
 
     def make_options(self, values: Mapping[str, Any]) -> Any:
         """The options dataclass from already validated values (the recipe checks them)."""
-        fields = {f.name for f in dataclasses.fields(self.options)}
+        fields = [f.name for f in dataclasses.fields(self.options)]
         for key in values:
             if key not in fields:
                 raise ValueError(
-                    f"dataset {self.name!r} has no option {key!r}{did_you_mean(key, fields)}; "
-                    f"its options: {', '.join(sorted(fields)) or 'none'}"
+                    f"unknown option {key!r} for dataset {self.name!r}{did_you_mean(key, fields, n=1)}; "
+                    f"allowed: {', '.join(fields) or 'none'}"
                 )
+        missing = [f.name for f in dataclasses.fields(self.options) if f.name not in values and _required(f)]
+        if missing:
+            raise ValueError(f"dataset {self.name!r} needs the option(s) {', '.join(missing)}")
         return self.options(**values)
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 _DATASETS: dict[str, DatasetSpec] = {}
 
 
 def register_dataset(
-    name: str, *, options: type, kind: str, tasks: tuple[str, ...], root: RootUse = "none"
+    name: str, *, options: type, kind: str, tasks: Sequence[str], root: RootUse = "none"
 ) -> Callable[[Callable], Callable]:
-    """Decorator for a builder ``(options, context) -> Dataset``; a duplicate name raises."""
+    """Decorator for a builder ``(options, context) -> Dataset``; a duplicate name raises.
+
+    Args:
+        options: the dataclass of its ``data.options``, with the dataset's own defaults.
+        kind: what a sample holds, one of ``INPUT_KINDS``.
+        tasks: the tasks it serves (names of ``zoo.tasks``).
+        root: whether it reads ``data.root``: ``required`` (the user's files), ``optional`` or ``none``.
+    """
     if kind not in INPUT_KINDS:
         raise ValueError(f"dataset {name!r}: kind {kind!r} is not one of {', '.join(INPUT_KINDS)}")
+    if root not in ("required", "optional", "none"):
+        raise ValueError(f"dataset {name!r}: root {root!r} is not one of 'required', 'optional', 'none'")
     if not dataclasses.is_dataclass(options):
         raise TypeError(f"dataset {name!r}: options must be a dataclass, got {options!r}")
 
@@ -104,12 +132,13 @@ def register_dataset(
 
 
 def list_datasets() -> list[str]:
-    return sorted(_DATASETS)
+    """Registered dataset names, in registration order (the import order of ``zoo/data/__init__.py``)."""
+    return list(_DATASETS)
 
 
 def get_dataset(name: str) -> DatasetSpec:
     if name not in _DATASETS:
-        raise unknown_name("dataset", name, _DATASETS)
+        raise ValueError(f"unknown dataset {name!r}{did_you_mean(name, _DATASETS)}; known: {', '.join(_DATASETS)}")
     return _DATASETS[name]
 
 
@@ -117,7 +146,18 @@ def build_dataset(name: str, context: DataContext, **options: Any) -> Dataset:
     """Dataset ``name`` for ``context.split`` with ``options`` (checked against its options dataclass)."""
     spec = get_dataset(name)
     if spec.root == "required" and context.root is None:
-        raise ValueError(f"dataset {name!r} reads your files: it needs data.root")
+        raise ValueError(f"dataset {name!r} needs the option data.root: it reads your files")
     if spec.root == "none" and context.root is not None:
         raise ValueError(f"dataset {name!r} reads no files of yours; leave data.root out, got {context.root!r}")
     return spec.build(spec.make_options(options), context)
+
+
+def _collate_images(samples: Sequence[tuple[Any, int]]) -> dict[str, Any]:
+    """`(image [c, h, w], label)` pairs -> `{"image": [b, c, h, w], "label": [b]}`."""
+    images, labels = default_collate(samples)
+    return {"image": images, "label": labels}
+
+
+def collate_for(kind: str) -> Callable[[Sequence[Any]], dict[str, Any]]:
+    """The DataLoader collate function of a dataset kind: every kind is batched as a dict."""
+    return _collate_images if kind == "image" else PadCollate()

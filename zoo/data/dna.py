@@ -1,54 +1,52 @@
-"""DNA at nucleotide level: tokens, reverse-complement augmentation, users' files and three real data sets.
-
-Token ids are fixed: ``PAD=0, CLS=1, MASK=2``, then one id per k-mer over ACGT in lexicographic order and
-one last id for any k-mer holding another letter (N, IUPAC codes). For k=1: ``A=3, C=4, G=5, T=6, N=7``.
-
-Users' data (never downloaded): FASTA / FASTA.gz files (``FastaDataset``, one class per file or per folder,
-records cut into windows) and the Genomic Benchmarks layout (``GenomicBenchmarksDataset``).
-
-Real data from Debian packages (found by ``zoo.data.debian``; ``make data-deps`` extracts them):
+"""DNA from Debian packages (found by ``zoo.data.debian``; ``make data-deps`` extracts them), three real data sets:
 
 - ``Genomes``: species of long windows of 16 bacterial genomes (``ragout-examples``), whole strains held out.
 - ``YeastCoding``: per-nucleotide coding+/coding-/non-coding labels on yeast chrI and chrII (``gbrowse-data``).
 - ``Splice``: StatLog primate splice junctions, 3,186 x 60 nt (``r-cran-mlbench``, read with PyPI ``rdata``).
 
-Samples are dicts: ``tokens`` int64 ``[N]``, ``mask`` bool ``[N]`` (True = keep), and ``label`` int64 ``[]``
-or ``labels`` int64 ``[N]``; batch them with ``zoo.data.sequence.PadCollate``.
+Tokens, reverse complement and FASTA reading are ``zoo.data.nucleotides``' (re-exported here); users' FASTA and
+Genomic Benchmarks files are ``zoo.data.fasta``'s. Samples are dicts: ``tokens`` int64 ``[N]``, ``mask`` bool
+``[N]`` (True = keep), and ``label`` int64 ``[]`` or ``labels`` int64 ``[N]``.
 """
 
-import gzip
 import os
-import re
 import warnings
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
+from .._validate import check_int
+from ..tasks import IGNORE_INDEX
+from ._registry import DataContext, register_dataset
 from .debian import cache_dir, find_debian_file
-from .sequence import (
-    IGNORE_INDEX,
-    SPLITS,
-    check_positive_int,
-    check_split,
-    stratified_split,
-    window_starts,
-    write_npz_atomic,
+from .nucleotides import (
+    CLS_ID,
+    MASK_ID,
+    PAD_ID,
+    DNASamples,
+    DNATokenizer,
+    ReverseComplement,
+    encode_nucleotides,
+    read_fasta,
+    reverse_complement,
 )
+from .sequence import SPLITS, check_split, stratified_split, window_starts, write_npz_atomic
 
 __all__ = [
     "CLS_ID",
     "MASK_ID",
     "PAD_ID",
     "DNATokenizer",
-    "FastaDataset",
     "Genomes",
-    "GenomicBenchmarksDataset",
+    "GenomesOptions",
     "ReverseComplement",
     "Splice",
+    "SpliceOptions",
     "YeastCoding",
+    "YeastCodingOptions",
     "encode_nucleotides",
     "gc_content",
     "gc_nearest_mean_accuracy",
@@ -58,280 +56,7 @@ __all__ = [
     "yeast_coding_labels",
 ]
 
-
-PAD_ID, CLS_ID, MASK_ID = 0, 1, 2
-NUM_SPECIAL = 3
-NUCLEOTIDES = "ACGT"
-# nucleotide codes used inside this module: A=0 C=1 G=2 T=3, anything else 4 (lower case = soft-masked, same base)
-OTHER_CODE = 4
-_CODE_OF_BYTE = np.full(256, OTHER_CODE, dtype=np.uint8)
-for _code, _base in enumerate(NUCLEOTIDES):
-    _CODE_OF_BYTE[ord(_base)] = _CODE_OF_BYTE[ord(_base.lower())] = _code
-_COMPLEMENT = np.array([3, 2, 1, 0, OTHER_CODE], dtype=np.uint8)
-_FASTA_SUFFIX = re.compile(r"\.(fa|fasta|fna|fas|ffn|frn|seq)(\.gz)?$", re.IGNORECASE)
-
-
-def encode_nucleotides(sequence: str | bytes) -> np.ndarray:
-    """Letters -> uint8 codes ``[L]`` (A=0 C=1 G=2 T=3, other=4); case-insensitive, no whitespace allowed."""
-    raw = sequence.encode("ascii", "replace") if isinstance(sequence, str) else bytes(sequence)
-    return _CODE_OF_BYTE[np.frombuffer(raw, dtype=np.uint8)]
-
-
-def reverse_complement(codes: np.ndarray) -> np.ndarray:
-    """Reverse complement of nucleotide codes ``[L]`` (N stays N)."""
-    return _COMPLEMENT[codes[::-1]]
-
-
-class DNATokenizer:
-    """Nucleotide codes -> token ids, one per nucleotide (k=1) or per k-mer.
-
-    Args:
-        k: k-mer length; 1 is nucleotide level.
-        overlapping: k-mers start at every position (``L - k + 1`` tokens) when True, every k positions
-            (``L // k`` tokens, a tail shorter than k dropped) when False.
-        add_cls: prepend ``CLS_ID``.
-    """
-
-    def __init__(self, *, k: int = 1, overlapping: bool = True, add_cls: bool = False):
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 8:
-            raise ValueError(f"k must be an integer in 1..8, got {k!r}")
-        self.k, self.overlapping, self.add_cls = k, bool(overlapping), bool(add_cls)
-        self.other_id = NUM_SPECIAL + 4**k
-        self.vocab_size = self.other_id + 1
-        self._weights = 4 ** np.arange(k - 1, -1, -1, dtype=np.int64)  # [k], base-4 place values
-
-    def num_tokens(self, length: int) -> int:
-        """Tokens made from ``length`` nucleotides."""
-        kmers = max(length - self.k + 1, 0) if self.overlapping else length // self.k
-        return kmers + self.add_cls
-
-    def __call__(self, codes: np.ndarray) -> torch.Tensor:
-        """uint8 codes ``[L]`` -> int64 token ids ``[num_tokens(L)]``."""
-        codes = np.asarray(codes, dtype=np.int64)
-        if self.k == 1:
-            ids = codes + NUM_SPECIAL
-        else:
-            stride = 1 if self.overlapping else self.k
-            usable = codes[: len(codes) - len(codes) % self.k] if not self.overlapping else codes
-            if len(usable) < self.k:
-                ids = np.zeros(0, dtype=np.int64)
-            else:
-                kmers = np.lib.stride_tricks.sliding_window_view(usable, self.k)[::stride]  # [T, k]
-                ids = np.where((kmers == OTHER_CODE).any(axis=1), self.other_id, kmers @ self._weights + NUM_SPECIAL)
-        if self.add_cls:
-            ids = np.concatenate([[CLS_ID], ids])
-        return torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64))
-
-    def decode(self, tokens: torch.Tensor) -> str:
-        """Token ids of a k=1 tokenizer -> letters (N for other; specials dropped)."""
-        if self.k != 1:
-            raise ValueError(f"decode needs k=1, this tokenizer has k={self.k}")
-        letters = np.frombuffer(b"ACGTN", dtype=np.uint8)
-        ids = np.asarray(tokens) - NUM_SPECIAL
-        return letters[ids[ids >= 0]].tobytes().decode()
-
-    def __repr__(self) -> str:
-        return f"DNATokenizer(k={self.k}, overlapping={self.overlapping}, add_cls={self.add_cls})"
-
-
-class ReverseComplement:
-    """Reverse-complement augmentation applied with probability ``p``, from a seeded generator.
-
-    The stream is seeded by ``seed`` in the main process and by ``(seed, worker seed)`` in each DataLoader
-    worker, so workers draw different flips, each epoch anew, and a run is reproducible given torch's seed.
-    """
-
-    def __init__(self, p: float = 0.5, *, seed: int = 0):
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"reverse-complement probability must be in [0, 1], got {p!r}")
-        self.p, self.seed = float(p), int(seed)
-        self._rng, self._worker_seed = None, None
-
-    def _generator(self) -> np.random.Generator:
-        info = torch.utils.data.get_worker_info()
-        worker_seed = None if info is None else info.seed
-        if self._rng is None or worker_seed != self._worker_seed:
-            entropy = [self.seed] if worker_seed is None else [self.seed, worker_seed]
-            self._rng, self._worker_seed = np.random.default_rng(entropy), worker_seed
-        return self._rng
-
-    def __call__(self, codes: np.ndarray) -> tuple[np.ndarray, bool]:
-        """Codes ``[L]`` -> (codes or their reverse complement ``[L]``, whether it was flipped)."""
-        if self.p == 0.0 or self._generator().random() >= self.p:
-            return codes, False
-        return reverse_complement(codes), True
-
-
-def _read_bytes(path: str | os.PathLike) -> bytes:
-    """Whole file, gunzipped when it starts with the gzip magic; FileNotFoundError names the path."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"sequence file {str(path)!r} does not exist")
-    raw = path.read_bytes()
-    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-
-
-def read_fasta(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]:
-    """Records of a FASTA or FASTA.gz file as ``(header, codes uint8 [L])``, in file order."""
-    text = _read_bytes(path)
-    if not text.lstrip().startswith(b">"):
-        raise ValueError(f"{str(path)!r} is not a FASTA file: it does not start with a '>' header")
-    records = []
-    for chunk in text.lstrip()[1:].split(b"\n>"):
-        header, _, body = chunk.partition(b"\n")
-        codes = _CODE_OF_BYTE[np.frombuffer(body.translate(None, b" \t\r\n"), dtype=np.uint8)]
-        records.append((header.decode(errors="replace").strip(), codes))
-    return records
-
-
-class _DNABase(Dataset):
-    """Tokenises nucleotide codes, with optional reverse-complement augmentation, into sample dicts."""
-
-    classes: tuple[str, ...] = ()
-
-    def _setup(self, tokenizer: DNATokenizer | None, rc_prob: float, seed: int) -> None:
-        self.tokenizer = tokenizer if tokenizer is not None else DNATokenizer()
-        self.augment = ReverseComplement(rc_prob, seed=seed) if rc_prob > 0 else None
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    def _sample(self, codes: np.ndarray, label: int) -> dict[str, torch.Tensor]:
-        """``tokens`` int64 ``[N]``, ``mask`` bool ``[N]`` (all True) and ``label`` int64 ``[]``."""
-        if self.augment is not None:
-            codes, _ = self.augment(codes)
-        tokens = self.tokenizer(codes)
-        return {"tokens": tokens, "mask": torch.ones(len(tokens), dtype=torch.bool), "label": torch.tensor(label)}
-
-
-def _is_fasta(name: str) -> bool:
-    return bool(_FASTA_SUFFIX.search(name)) and not name.startswith(".")
-
-
-def _class_sources(folder: Path) -> dict[str, list[Path]]:
-    """Class name -> FASTA files: each FASTA file in ``folder`` is a class, each sub-folder of FASTA files one."""
-    if not folder.is_dir():
-        raise FileNotFoundError(f"FASTA folder {str(folder)!r} does not exist")
-    sources: dict[str, list[Path]] = {}
-    for entry in sorted(folder.iterdir()):
-        if entry.is_file() and _is_fasta(entry.name):
-            sources[_FASTA_SUFFIX.sub("", entry.name)] = [entry]
-        elif entry.is_dir() and not entry.name.startswith("."):
-            files = sorted(p for p in entry.iterdir() if p.is_file() and _is_fasta(p.name))
-            if files:
-                sources[entry.name] = files
-    if not sources:
-        raise ValueError(f"no FASTA files (*.fa, *.fasta, *.fna, optionally .gz) in {str(folder)!r} or its sub-folders")
-    return sources
-
-
-class FastaDataset(_DNABase):
-    """Windows of the records of users' FASTA files, labelled by file or by folder.
-
-    Layout: ``root/<class>.fasta[.gz]`` (one class per file) and/or ``root/<class>/*.fa[.gz]`` (one class per
-    folder); with ``split``, the same under ``root/<split>/``, classes indexed from ``root/train`` so that
-    every split agrees. Each record is tiled by windows of ``window`` nucleotides every ``stride``; the last
-    window of a record (or a record shorter than ``window``) may be shorter and is padded by ``PadCollate``.
-
-    Args:
-        root: the folder described above.
-        split: sub-folder of ``root`` to read, or None for ``root`` itself.
-        window: nucleotides per window; stride: step between windows (default ``window``).
-        min_length: shorter windows are dropped.
-        tokenizer: default nucleotide level; rc_prob, seed: reverse-complement augmentation.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        split: str | None = None,
-        *,
-        window: int,
-        stride: int | None = None,
-        min_length: int = 1,
-        tokenizer: DNATokenizer | None = None,
-        rc_prob: float = 0.0,
-        seed: int = 0,
-    ):
-        self.window = check_positive_int("window", window)
-        self.stride = check_positive_int("stride", stride if stride is not None else window)
-        check_positive_int("min_length", min_length)
-        folder = Path(root) if split is None else Path(root) / split
-        if not Path(root).is_dir():
-            raise FileNotFoundError(f"FASTA root {str(root)!r} does not exist")
-        sources = _class_sources(folder)
-        train_dir = Path(root) / "train"
-        self.classes = tuple(sources)
-        if split not in (None, "train") and train_dir.is_dir():
-            self.classes = tuple(_class_sources(train_dir))
-            unknown = sorted(set(sources) - set(self.classes))
-            if unknown:
-                raise ValueError(f"classes {unknown} of {str(folder)!r} are missing from {str(train_dir)!r}")
-        self._setup(tokenizer, rc_prob, seed)
-        self.records, rows = [], []
-        for name, files in sources.items():
-            label = self.classes.index(name)
-            for path in files:
-                for _, codes in read_fasta(path):
-                    starts = window_starts(len(codes), self.window, self.stride, min_length)
-                    record = np.full_like(starts, len(self.records))
-                    rows.append(np.column_stack([record, starts, np.full_like(starts, label)]))
-                    self.records.append(codes)
-        self._index = np.concatenate(rows) if rows else np.zeros((0, 3), dtype=np.int64)  # [W, (record, start, label)]
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        record, start, label = self._index[index]
-        return self._sample(self.records[record][start : start + self.window], int(label))
-
-
-class GenomicBenchmarksDataset(_DNABase):
-    """Users' copy of a Genomic Benchmarks data set: ``root/<split>/<class>/*.txt``, one sequence per file.
-
-    Classes are indexed from ``root/train`` (sorted names); items are ordered by class, then file name.
-    ``max_length`` truncates longer sequences (None keeps them whole). Nothing is downloaded.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike,
-        split: str,
-        *,
-        max_length: int | None = None,
-        tokenizer: DNATokenizer | None = None,
-        rc_prob: float = 0.0,
-        seed: int = 0,
-    ):
-        folder = Path(root) / split
-        if not folder.is_dir():
-            raise FileNotFoundError(f"split folder {str(folder)!r} does not exist; expected root/<split>/<class>/*.txt")
-        index_dir = Path(root) / "train" if (Path(root) / "train").is_dir() else folder
-        self.classes = tuple(sorted(p.name for p in index_dir.iterdir() if p.is_dir() and not p.name.startswith(".")))
-        self.max_length = None if max_length is None else check_positive_int("max_length", max_length)
-        self._setup(tokenizer, rc_prob, seed)
-        self.sequences, self.labels = [], []
-        for class_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if class_dir.name not in self.classes:
-                raise ValueError(f"class folder {str(class_dir)!r} is not a class of {str(index_dir)!r}")
-            for path in sorted(class_dir.glob("*.txt")):
-                codes = encode_nucleotides(_read_bytes(path).translate(None, b" \t\r\n"))
-                self.sequences.append(codes[: self.max_length])
-                self.labels.append(self.classes.index(class_dir.name))
-        if not self.sequences:
-            raise ValueError(f"no *.txt sequences in the class folders of {str(folder)!r}")
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self._sample(self.sequences[index], self.labels[index])
+_DNA_TASKS = ("classification", "causal_lm")
 
 
 _RAGOUT_DIR = "usr/share/doc/ragout/examples"
@@ -363,7 +88,7 @@ def genome_strains(root: str | os.PathLike | None = None) -> dict[str, dict[str,
     return table
 
 
-class Genomes(_DNABase):
+class Genomes(DNASamples):
     """Which species a long DNA window comes from: 4 bacterial species, whole strains held out.
 
     Data: Debian ``ragout-examples`` (16 complete genomes, 48.2 Mbp). Strains per split: ``genome_strains``.
@@ -389,8 +114,9 @@ class Genomes(_DNABase):
         seed: int = 0,
         root: str | os.PathLike | None = None,
     ):
-        self.split, self.window, self.seed = check_split(split), check_positive_int("window", window), seed
-        self.num_windows = check_positive_int("num_windows", num_windows or _DEFAULT_NUM_WINDOWS[split])
+        self.split, self.window, self.seed = check_split(split), check_int("window", window, 1), seed
+        self.num_windows = check_int("num_windows", num_windows or _DEFAULT_NUM_WINDOWS[split], 1)
+        self.root = root
         self.strains = genome_strains(root)
         self.classes = tuple(self.strains)
         self._setup(tokenizer, rc_prob, seed)
@@ -437,6 +163,18 @@ class Genomes(_DNABase):
 
     def __len__(self) -> int:
         return self.num_windows
+
+    def baselines(self, train_set: "Genomes") -> dict[str, dict[str, float]]:
+        """The GC-content nearest-mean rule on this split, its means from ``train_set``'s windows."""
+        accuracy = gc_nearest_mean_accuracy(
+            self.split,
+            window=self.window,
+            num_windows=len(self),
+            num_train_windows=len(train_set),
+            seed=self.seed,
+            root=self.root,
+        )
+        return {"gc_nearest_mean": {"top1": accuracy}}
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
@@ -505,7 +243,7 @@ def yeast_coding_labels(root: str | os.PathLike | None = None) -> dict[str, tupl
     return result
 
 
-class YeastCoding(_DNABase):
+class YeastCoding(DNASamples):
     """Per-nucleotide gene structure on yeast chrI/chrII: non-coding (0), coding + (1), coding - (2).
 
     Data: Debian ``gbrowse-data`` (SGD sequence and GFF3 annotation). Split by chromosome and region: test is
@@ -529,8 +267,8 @@ class YeastCoding(_DNABase):
         seed: int = 0,
         root: str | os.PathLike | None = None,
     ):
-        self.split, self.window = check_split(split), check_positive_int("window", window)
-        self.stride = check_positive_int("stride", stride if stride is not None else window)
+        self.split, self.window = check_split(split), check_int("window", window, 1)
+        self.stride = check_int("stride", stride if stride is not None else window, 1)
         self._setup(tokenizer, rc_prob, seed)
         if self.tokenizer.k != 1:
             raise ValueError(f"per-nucleotide labels need a k=1 tokenizer, got k={self.tokenizer.k}")
@@ -602,7 +340,7 @@ def _read_splice(root: str | os.PathLike | None = None) -> tuple[np.ndarray, np.
     return codes, labels, classes
 
 
-class Splice(_DNABase):
+class Splice(DNASamples):
     """StatLog primate splice junctions: 60-nt windows, classes ei (donor), ie (acceptor), n (neither).
 
     Data: Debian ``r-cran-mlbench``'s DNA.rda (3,186 rows), read with PyPI ``rdata`` and cached as npz.
@@ -623,3 +361,65 @@ class Splice(_DNABase):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         return self._sample(self.codes[index], int(self.labels[index]))
+
+
+@dataclass(kw_only=True)
+class GenomesOptions:
+    """``data.options`` of genomes (see ``Genomes``; data.train_samples / val_samples / test_samples windows)."""
+
+    window: int = field(default=1024, metadata={"min": 1})
+    # reverse-complement augmentation, training split only
+    rc_prob: float = field(default=0.0, metadata={"min": 0, "max": 1})
+
+
+@register_dataset("genomes", options=GenomesOptions, kind="dna", tasks=_DNA_TASKS, root="optional")
+def build_genomes(options: GenomesOptions, context: DataContext) -> Genomes:
+    """Species of windows of 16 bacterial genomes (Debian ragout-examples; data.root: the Debian root)."""
+    return Genomes(
+        context.split,
+        window=options.window,
+        num_windows=context.num_samples,
+        rc_prob=options.rc_prob if context.is_training else 0.0,
+        seed=context.seed,
+        root=context.root,
+    )
+
+
+@dataclass(kw_only=True)
+class YeastCodingOptions:
+    """``data.options`` of yeast_coding (see ``YeastCoding``)."""
+
+    window: int = field(default=4096, metadata={"min": 1})
+    # the training split's window step (null: window); val and test never overlap (each position counted once)
+    stride: int | None = field(default=None, metadata={"min": 1})
+    rc_prob: float = field(default=0.0, metadata={"min": 0, "max": 1})
+
+
+@register_dataset(
+    "yeast_coding",
+    options=YeastCodingOptions,
+    kind="dna",
+    tasks=("token_classification", "causal_lm"),
+    root="optional",
+)
+def build_yeast_coding(options: YeastCodingOptions, context: DataContext) -> YeastCoding:
+    """Per-nucleotide coding labels of yeast chrI-II (Debian gbrowse-data; data.root: the Debian root)."""
+    return YeastCoding(
+        context.split,
+        window=options.window,
+        stride=options.stride,
+        rc_prob=options.rc_prob if context.is_training else 0.0,
+        seed=context.seed,
+        root=context.root,
+    )
+
+
+@dataclass(kw_only=True)
+class SpliceOptions:
+    """splice takes no ``data.options``: its windows and split are fixed."""
+
+
+@register_dataset("splice", options=SpliceOptions, kind="dna", tasks=_DNA_TASKS, root="optional")
+def build_splice(options: SpliceOptions, context: DataContext) -> Splice:
+    """StatLog primate splice junctions (Debian r-cran-mlbench; data.root: the Debian root)."""
+    return Splice(context.split, root=context.root)

@@ -7,11 +7,15 @@ class index shared by every split.
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["ImageFolderDataset"]
+from .._validate import check_int
+from ._registry import DataContext, register_dataset
+
+__all__ = ["FolderOptions", "ImageFolderDataset"]
 
 _LAYOUT = "ROOT/<split>/<class>/*.png|*.jpg|*.jpeg (one sub-folder per class)"
 _IMG_MODES = {1: "L", 3: "RGB"}
@@ -74,8 +78,7 @@ class ImageFolderDataset(Dataset):
 
         if in_chans not in _IMG_MODES:
             raise ValueError(f"in_chans must be one of {sorted(_IMG_MODES)}, got {in_chans!r}")
-        if isinstance(img_size, bool) or not isinstance(img_size, int) or img_size < 1:
-            raise ValueError(f"img_size must be a positive integer, got {img_size!r}")
+        check_int("img_size", img_size, 1)
         self.root = os.fspath(root)
         self.split = split
         self.in_chans = in_chans
@@ -147,3 +150,27 @@ class ImageFolderDataset(Dataset):
             f"ImageFolderDataset(root={self.root!r}, split={self.split!r}, img_size={self.img_size}, "
             f"in_chans={self.in_chans}, num_classes={self.num_classes}, len={len(self)})"
         )
+
+
+@dataclass(kw_only=True)
+class FolderOptions:
+    """``data.options`` of folder: the normalisation per channel (or one value for all); null: ImageNet's."""
+
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+
+@register_dataset("folder", options=FolderOptions, kind="image", tasks=("classification",), root="required")
+def build_folder(options: FolderOptions, context: DataContext) -> ImageFolderDataset:
+    """Your images at data.root (ROOT/<split>/<class>/*.png), resized to model.img_size, model.in_chans (3)."""
+    if context.img_size is None:
+        raise ValueError("dataset 'folder' resizes to the model's image size: the context needs img_size")
+    return ImageFolderDataset(
+        context.root,
+        context.split,
+        img_size=context.img_size,
+        is_training=context.is_training,
+        in_chans=context.in_chans or 3,
+        mean=options.mean,
+        std=options.std,
+    )

@@ -15,6 +15,7 @@ import math
 import operator
 import os
 import tempfile
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -24,7 +25,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-__all__ = ["MegaMNIST"]
+from .._validate import check_int
+from ._registry import DataContext, register_dataset
+
+__all__ = ["MegaMNIST", "MegaMNISTOptions"]
 
 _logger = logging.getLogger(__name__)
 
@@ -254,13 +258,6 @@ def _place(rng: np.random.Generator, sizes: list[int], canvas_size: int, num_fir
     return corners
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    """``value`` as an int, or a ValueError naming it when it is not an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def _check_fractions(value: object) -> tuple[float, float, float]:
     """``pool_fractions`` as three positive floats summing to 1, or a ValueError naming the value."""
     try:
@@ -320,14 +317,14 @@ class MegaMNIST(Dataset):
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
         self.split = split
-        self.canvas_size = _check_int("canvas_size", canvas_size, 1)
+        self.canvas_size = check_int("canvas_size", canvas_size, 1)
         num_samples = _DEFAULT_NUM_SAMPLES[split] if num_samples is None else num_samples
-        self.num_samples = _check_int("num_samples", num_samples, 1)
-        self.num_target = _check_int("num_target", num_target, 1)
-        self.num_other = _check_int("num_other", num_other, 0)
-        self.num_clutter = _check_int("num_clutter", num_clutter, 0)
-        self.digit_size = _check_int("digit_size", digit_size, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.num_target = check_int("num_target", num_target, 1)
+        self.num_other = check_int("num_other", num_other, 0)
+        self.num_clutter = check_int("num_clutter", num_clutter, 0)
+        self.digit_size = check_int("digit_size", digit_size, 1)
+        self.seed = check_int("seed", seed, 0)
         self.pool_fractions = _check_fractions(pool_fractions)
         self._check_layout()
 
@@ -448,3 +445,40 @@ class MegaMNIST(Dataset):
             f"num_target={self.num_target}, num_other={self.num_other}, num_clutter={self.num_clutter}, "
             f"digit_size={self.digit_size}, seed={self.seed})"
         )
+
+
+@dataclass(kw_only=True)
+class MegaMNISTOptions:
+    """``data.options`` of megamnist: the composition of a canvas (see ``MegaMNIST``)."""
+
+    canvas_size: int = field(default=1024, metadata={"min": 16})
+    digit_size: int = field(default=28, metadata={"min": 4})
+    num_target: int = field(default=3, metadata={"min": 1})
+    num_other: int = field(default=2, metadata={"min": 0})
+    num_clutter: int = field(default=4, metadata={"min": 0})
+    # share of each class's digits in the train, val and test pools
+    pool_fractions: list[float] = field(
+        default_factory=lambda: [0.7, 0.15, 0.15], metadata={"length": 3, "min": 0, "min_exclusive": True}
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.digit_size > self.canvas_size:
+            return [("digit_size", f"must be <= canvas_size {self.canvas_size}, got {self.digit_size}")]
+        return []
+
+
+@register_dataset("megamnist", options=MegaMNISTOptions, kind="image", tasks=("classification",))
+def build_megamnist(options: MegaMNISTOptions, context: DataContext) -> MegaMNIST:
+    """MegaMNIST canvases, data.train_samples / val_samples / test_samples of them, drawn from data.seed."""
+    if context.img_size is not None and options.canvas_size != context.img_size and not context.dynamic_img_size:
+        raise ValueError(
+            f"model.img_size ({context.img_size}) must equal data.options.canvas_size ({options.canvas_size}) "
+            "unless model.dynamic_img_size is true"
+        )
+    values = asdict(options)
+    return MegaMNIST(
+        context.split,
+        num_samples=context.num_samples,
+        seed=context.seed,
+        **{**values, "pool_fractions": tuple(values["pool_fractions"])},
+    )

@@ -8,7 +8,7 @@ Every sequence dataset of zoo returns a dict per sample; the keys in use:
   (``IGNORE_INDEX`` where there is none), or ``target``: float32 ``[H, C_out]`` (forecasting).
 
 ``PadCollate`` turns a list of such samples into a batch padded to its longest sequence. The helpers below
-it (windows, stratified splits, argument checks, atomic caches) are shared by the sequence datasets.
+it (windows, stratified splits, the split check, atomic caches) are shared by the sequence datasets.
 """
 
 import logging
@@ -20,12 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._validate import check_int
+from ..tasks import IGNORE_INDEX
+
 __all__ = [
     "IGNORE_INDEX",
     "PAD_VALUES",
     "SPLITS",
     "PadCollate",
-    "check_positive_int",
     "check_split",
     "pad_sequences",
     "stratified_split",
@@ -37,8 +39,6 @@ _logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 
-# targets of positions without a label: torch's cross_entropy ignores them by default
-IGNORE_INDEX = -100
 # padding value of each per-position key; tokens are padded with the DNA PAD id (0)
 PAD_VALUES: dict[str, float] = {"tokens": 0, "values": 0.0, "labels": IGNORE_INDEX, "mask": False}
 
@@ -58,8 +58,7 @@ def pad_sequences(
         padded: ``[B, N, *rest]`` with ``N = ceil(max N_i / pad_to_multiple) * pad_to_multiple``.
         mask: bool ``[B, N]``, True at the first ``N_i`` positions of row i.
     """
-    if isinstance(pad_to_multiple, bool) or not isinstance(pad_to_multiple, int) or pad_to_multiple < 1:
-        raise ValueError(f"pad_to_multiple must be a positive integer, got {pad_to_multiple!r}")
+    check_int("pad_to_multiple", pad_to_multiple, 1)
     if not sequences:
         raise ValueError("pad_sequences needs at least one sequence")
     lengths = torch.tensor([len(seq) for seq in sequences])
@@ -93,9 +92,7 @@ class PadCollate:
     """
 
     def __init__(self, *, pad_to_multiple: int = 1, pad_values: Mapping[str, float] | None = None):
-        if isinstance(pad_to_multiple, bool) or not isinstance(pad_to_multiple, int) or pad_to_multiple < 1:
-            raise ValueError(f"pad_to_multiple must be a positive integer, got {pad_to_multiple!r}")
-        self.pad_to_multiple = pad_to_multiple
+        self.pad_to_multiple = check_int("pad_to_multiple", pad_to_multiple, 1)
         self.pad_values = dict(PAD_VALUES if pad_values is None else pad_values)
 
     def __call__(self, samples: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -161,13 +158,6 @@ def stratified_split(labels: np.ndarray, split: str, fractions: Sequence[float],
         bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, len(members))}
         chosen.append(members[slice(*bounds[split])])
     return np.sort(np.concatenate(chosen))
-
-
-def check_positive_int(name: str, value) -> int:
-    """``value`` when it is a positive int (not a bool), else a ValueError naming ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def check_split(split: str) -> str:

@@ -1,5 +1,6 @@
 """Backbones: timm Vision Transformers with any zoo attention, the 1-D sequence model, and their parts."""
-from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class, build_blocks
+
+from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class
 from .embeddings import KmerEmbedding, PatchEmbedding, RevIN, TokenEmbedding
 from .generation import generate, supports_recurrent
 from .heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
@@ -12,7 +13,14 @@ from .sequence import (
     create_sequence_model,
     load_vit_weights,
 )
-from .vit import VIT_ARCHITECTURES, LoadReport, ReversibleVisionTransformer, create_model, load_pretrained
+from .vit import (
+    VIT_ARCHITECTURES,
+    LoadReport,
+    ReversibleVisionTransformer,
+    ZooVisionTransformer,
+    create_model,
+    load_pretrained,
+)
 
 __all__ = [
     "BLOCKS",
@@ -35,8 +43,8 @@ __all__ = [
     "SequenceTransformer",
     "TokenClassificationHead",
     "TokenEmbedding",
+    "ZooVisionTransformer",
     "block_class",
-    "build_blocks",
     "create_model",
     "create_sequence_model",
     "generate",

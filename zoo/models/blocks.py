@@ -12,33 +12,33 @@
 - `ff_chunks`: the feed-forward runs over that many chunks of the sequence, each checkpointed, so its
   `[n, 4 c]` hidden activations exist for one chunk at a time (Reformer's chunked feed-forward).
 
-`block_class` gives a class for timm's `block_fn` slot; `build_blocks` builds a whole stack for a 1-D backbone,
-called as `blocks(x, attn_mask=None, is_causal=False)`.
+`block_class` gives a class for timm's `block_fn` slot, optionally with another attention in chosen blocks
+(`attn_layers`, the per-block layouts of `zoo.create_model(global_blocks=...)`); `ReversibleSequence` holds a
+stack of them as couplings.
 """
+
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from timm.layers import LayerNorm, calculate_drop_path_rates
+from timm.layers import LayerNorm
 from timm.models.vision_transformer import Block as TimmBlock
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .._validate import check_int, did_you_mean, unknown_name
 from ..attention import attention_class
 from ..attention.gau import GatedAttentionUnit
 
 __all__ = [
     "BLOCKS",
     "Block",
-    "BlockSequence",
     "GAUBlock",
     "ReversibleSequence",
     "block_class",
-    "build_blocks",
     "chunked_feed_forward",
 ]
 
@@ -61,9 +61,7 @@ def chunked_feed_forward(fn: Callable[[Tensor], Tensor], x: Tensor, chunks: int)
 
 
 def _check_chunks(ff_chunks: int) -> int:
-    if isinstance(ff_chunks, bool) or not isinstance(ff_chunks, int) or ff_chunks < 0:
-        raise ValueError(f"ff_chunks={ff_chunks!r} is not allowed: expected an integer >= 0 (0 or 1: off)")
-    return ff_chunks
+    return check_int("ff_chunks", ff_chunks, minimum=0)
 
 
 class Block(TimmBlock):
@@ -74,11 +72,11 @@ class Block(TimmBlock):
         super().__init__(*args, **timm_args)
         self.ff_chunks = _check_chunks(ff_chunks)
 
-    def branch1(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def branch1(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Attention branch, `[b, n, c]` -> `[b, n, c]`."""
         return self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
 
-    def branch2(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def branch2(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Feed-forward branch, `[b, n, c]` -> `[b, n, c]` (position-wise: the mask and causality do not apply).
 
         Only the norm and MLP are chunked: drop path draws one mask per sample and must see the whole sequence.
@@ -88,7 +86,7 @@ class Block(TimmBlock):
     def _feed_forward(self, x: Tensor) -> Tensor:
         return self.mlp(self.norm2(x))
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         x = x + self.branch1(x, attn_mask, is_causal)
         return x + self.branch2(x, attn_mask, is_causal)
 
@@ -116,12 +114,12 @@ class GAUBlock(nn.Module):
         proj_bias: bool = True,
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,
-        init_values: Optional[float] = None,
+        init_values: float | None = None,
         drop_path: float = 0.0,
-        act_layer: Optional[type[nn.Module]] = None,
+        act_layer: type[nn.Module] | None = None,
         norm_layer: type[nn.Module] = LayerNorm,
-        mlp_layer: Optional[type[nn.Module]] = None,
-        attn_layer: Optional[type[nn.Module]] = None,
+        mlp_layer: type[nn.Module] | None = None,
+        attn_layer: type[nn.Module] | None = None,
         depth: int = 0,
         device=None,
         dtype=None,
@@ -138,63 +136,74 @@ class GAUBlock(nn.Module):
         if attn_drop > 0:
             raise ValueError(f"attn_drop={attn_drop} cannot apply: a GAU block forms no softmax weights; set it to 0")
         options = {
-            "z_dim": z_dim, "expansion": expansion, "group_size": group_size, "bias": qkv_bias,
-            "proj_bias": proj_bias, "proj_drop": proj_drop, "init_values": init_values, "drop_path": drop_path,
-            "norm_layer": norm_layer, "device": device, "dtype": dtype,
+            "z_dim": z_dim,
+            "expansion": expansion,
+            "group_size": group_size,
+            "bias": qkv_bias,
+            "proj_bias": proj_bias,
+            "proj_drop": proj_drop,
+            "init_values": init_values,
+            "drop_path": drop_path,
+            "norm_layer": norm_layer,
+            "device": device,
+            "dtype": dtype,
         }
         self.gau1 = GatedAttentionUnit(dim, **options)
         self.gau2 = GatedAttentionUnit(dim, **options)
 
-    def branch1(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def branch1(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         return self.gau1(x, attn_mask, is_causal)
 
-    def branch2(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def branch2(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         return self.gau2(x, attn_mask, is_causal)
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         x = x + self.branch1(x, attn_mask, is_causal)
         return x + self.branch2(x, attn_mask, is_causal)
-
-
-def _close(value: str, allowed: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(value, list(allowed), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def block_class(
     block: str = "timm",
     *,
     attention: str = "softmax",
-    attention_options: Optional[dict[str, Any]] = None,
-    block_options: Optional[dict[str, Any]] = None,
+    attention_options: dict[str, Any] | None = None,
+    block_options: dict[str, Any] | None = None,
     ff_chunks: int = 0,
+    attn_layers: Mapping[int, type[nn.Module]] | None = None,
 ) -> type[nn.Module]:
     """A block class with the options bound, for timm's `block_fn` slot (called with timm's `Block` arguments).
 
     `timm`: `Block` with `ff_chunks`; the attention comes through `attn_layer` as usual, `block_options` must be
-    empty. `gau`: `GAUBlock`, which brings its own attention, so `attention` must be `gau` (its `group_size`
-    option is used) and `block_options` may set `z_dim` and `expansion`; `ff_chunks` must be 0 or 1 (a GAU block
-    has no separate feed-forward).
+    empty; `attn_layers` maps block indices (timm's `depth` argument) to the attention class those blocks use
+    instead of `attn_layer` (same submodule names, so the weights load as before). `gau`: `GAUBlock`, which
+    brings its own attention, so `attention` must be `gau` (its `group_size` option is used), `attn_layers` must
+    be empty and `block_options` may set `z_dim` and `expansion`; `ff_chunks` must be 0 or 1 (a GAU block has no
+    separate feed-forward).
     """
     if block not in BLOCKS:
-        raise ValueError(f"unknown block {block!r}{_close(str(block), BLOCKS)}; allowed: {', '.join(BLOCKS)}")
+        raise unknown_name("block", block, BLOCKS)
     _check_chunks(ff_chunks)
     block_options = dict(block_options or {})
     if block == "timm":
         if block_options:
             raise ValueError(f"block 'timm' takes no block_options, got {block_options}")
-        return _bind(Block, {"ff_chunks": ff_chunks})
+        return _bind(Block, {"ff_chunks": ff_chunks}, dict(attn_layers or {}))
     if attention != "gau":
         raise ValueError(
             f"block 'gau' brings its own attention (FLASH mixed chunk attention), so attention must be 'gau', "
             f"got {attention!r}"
+        )
+    if attn_layers:
+        raise ValueError(
+            f"block 'gau' brings its own attention, so no block can take another one (blocks {sorted(attn_layers)}); "
+            "use block 'timm' for per-block attention"
         )
     if ff_chunks > 1:
         raise ValueError(f"ff_chunks={ff_chunks} applies to the MLP of timm blocks; block 'gau' has none")
     for key in block_options:
         if key not in GAU_BLOCK_OPTIONS:
             raise ValueError(
-                f"block 'gau' has no option {key!r}{_close(key, GAU_BLOCK_OPTIONS)}; its options: "
+                f"block 'gau' has no option {key!r}{did_you_mean(key, GAU_BLOCK_OPTIONS)}; its options: "
                 f"{', '.join(GAU_BLOCK_OPTIONS)} (group_size is an option of attention 'gau')"
             )
     # Validates the attention options (unknown keys raise) and reads them back with the defaults filled in.
@@ -202,22 +211,25 @@ def block_class(
     return _bind(GAUBlock, {**group_size, **block_options})
 
 
-def _bind(cls: type[nn.Module], bound: dict[str, Any]) -> type[nn.Module]:
-    """A subclass of `cls` with keyword options bound (timm's `block_fn` is called with keywords only)."""
+def _bind(
+    cls: type[nn.Module], bound: dict[str, Any], attn_layers: dict[int, type[nn.Module]] | None = None
+) -> type[nn.Module]:
+    """A subclass of `cls` with keyword options bound (timm's `block_fn` is called with keywords only); block
+    `depth` takes `attn_layers[depth]` as its `attn_layer` when there is one."""
+    attn_layers = attn_layers or {}
 
     def __init__(self, *args, **kwargs):
+        if kwargs.get("depth") in attn_layers:
+            kwargs["attn_layer"] = attn_layers[kwargs["depth"]]
         cls.__init__(self, *args, **{**bound, **kwargs})
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "bound_options": bound})
+    namespace = {"__init__": __init__, "__module__": cls.__module__, "bound_options": bound}
+    return type(cls.__name__, (cls,), namespace)
 
 
-class BlockSequence(nn.Sequential):
-    """Blocks applied in turn: `x: [b, n, c]` -> `[b, n, c]`, every block given the mask and `is_causal`."""
-
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
-        for block in self:
-            x = block(x, attn_mask=attn_mask, is_causal=is_causal)
-        return x
+def _aux_modules(block: nn.Module) -> list[nn.Module]:
+    """The modules of `block` that leave an auxiliary loss in `aux_loss` (see `zoo.attention.auxiliary_loss`)."""
+    return [module for module in block.modules() if hasattr(module, "aux_loss")]
 
 
 class ReversibleSequence(nn.Sequential):
@@ -228,6 +240,10 @@ class ReversibleSequence(nn.Sequential):
     drop path and the autocast state; `recompute=False` is the reference: the same computation through ordinary
     autograd. Parameter gradients flow through the autograd graph, so `.backward()` and `torch.autograd.grad`
     both work. The children keep timm's names (`0`, `1`, ...), so a plain model's weights load.
+
+    Auxiliary losses (a module's `aux_loss`, e.g. VQ's commitment loss) keep their gradient on the fast path:
+    its forward builds no graph, so each loss is handed out as an output of the couplings' autograd function
+    (`aux_loss` then holds that output), and backward adds the loss's gradient when it recomputes the block.
     """
 
     def __init__(self, *blocks: nn.Module, recompute: bool = True) -> None:
@@ -240,12 +256,16 @@ class ReversibleSequence(nn.Sequential):
                 )
         self.recompute = recompute
 
-    def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False) -> Tensor:
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         blocks = list(self)
         params = [p for p in self.parameters() if p.requires_grad]
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or bool(params))
         if self.recompute and needs_grad and blocks:
-            y1, y2 = _ReversibleCouplings.apply(x, blocks, attn_mask, is_causal, *params)
+            aux = [_aux_modules(block) for block in blocks]
+            y1, y2, *losses = _ReversibleCouplings.apply(x, blocks, aux, attn_mask, is_causal, *params)
+            for module, loss in zip((module for modules in aux for module in modules), losses):
+                if module.aux_loss is not None:
+                    module.aux_loss = loss
         else:
             y1 = y2 = x
             for block in blocks:
@@ -277,17 +297,21 @@ class _RngState:
 
 class _ReversibleCouplings(torch.autograd.Function):
     """Forward without a graph, keeping only the last outputs; backward rebuilds each block's inputs from its
-    outputs (`x2 = y2 - G(y1)`, `x1 = y1 - F(x2)`) while back-propagating through the recomputed branches."""
+    outputs (`x2 = y2 - G(y1)`, `x1 = y1 - F(x2)`) while back-propagating through the recomputed branches.
+
+    `aux[i]` lists block i's modules with an `aux_loss`; forward returns their losses (0 where a module set none)
+    after `y1, y2`, and backward back-propagates each loss's gradient through its recomputed block.
+    """
 
     @staticmethod
-    def forward(ctx, x: Tensor, blocks: list[nn.Module], attn_mask, is_causal: bool, *params: Tensor):
+    def forward(ctx, x: Tensor, blocks: list[nn.Module], aux: list[list[nn.Module]], attn_mask, is_causal, *params):
         device_type = x.device.type
         ctx.autocast = {
             "device_type": device_type,
             "dtype": torch.get_autocast_dtype(device_type),
             "enabled": torch.is_autocast_enabled(device_type),
         }
-        ctx.blocks, ctx.attn_mask, ctx.is_causal, ctx.params = blocks, attn_mask, is_causal, params
+        ctx.blocks, ctx.aux, ctx.attn_mask, ctx.is_causal, ctx.params = blocks, aux, attn_mask, is_causal, params
         ctx.rng = []
         y1 = y2 = x
         for block in blocks:
@@ -297,30 +321,50 @@ class _ReversibleCouplings(torch.autograd.Function):
             y2 = y2 + block.branch2(y1, attn_mask, is_causal)
             ctx.rng.append((rng1, rng2))
         ctx.save_for_backward(y1, y2)
-        return y1, y2
+        modules = [module for modules in aux for module in modules]
+        losses = [x.new_zeros((), dtype=torch.float32) if m.aux_loss is None else m.aux_loss.detach() for m in modules]
+        return (y1, y2, *losses)
 
     @staticmethod
-    def backward(ctx, dy1: Tensor, dy2: Tensor):
+    def backward(ctx, dy1: Tensor, dy2: Tensor, *dlosses: Tensor):
         y1, y2 = (t.detach() for t in ctx.saved_tensors)
         grads: dict[int, Tensor] = {}
-        for block, (rng1, rng2) in zip(reversed(ctx.blocks), reversed(ctx.rng)):
+        # Each block's auxiliary modules with the gradients of their losses, in block order.
+        dlosses = iter(dlosses)
+        aux = [[(module, next(dlosses)) for module in modules] for modules in ctx.aux]
+        for block, (rng1, rng2), block_aux in zip(reversed(ctx.blocks), reversed(ctx.rng), reversed(aux)):
             params = [p for p in block.parameters() if p.requires_grad]
-            g, (dy1_g, *dparams) = _branch_grad(ctx, block.branch2, rng2, y1, params, dy2)
+            g, (dy1_g, *dparams) = _branch_grad(ctx, block.branch2, rng2, y1, params, dy2, block_aux)
             _accumulate(grads, params, dparams)
             x2 = y2 - g
             dy1 = dy1 + dy1_g
-            f, (dx2_f, *dparams) = _branch_grad(ctx, block.branch1, rng1, x2, params, dy1)
+            f, (dx2_f, *dparams) = _branch_grad(ctx, block.branch1, rng1, x2, params, dy1, block_aux)
             _accumulate(grads, params, dparams)
             y1, y2, dy2 = y1 - f, x2, dy2 + dx2_f
-        return (dy1 + dy2, None, None, None, *(grads.get(id(p)) for p in ctx.params))
+        return (dy1 + dy2, None, None, None, None, *(grads.get(id(p)) for p in ctx.params))
 
 
-def _branch_grad(ctx, branch, rng: _RngState, x: Tensor, params: list[Tensor], grad_out: Tensor):
-    """Recompute `branch(x)` as in forward; returns its value (detached) and the gradients for x and params."""
+def _branch_grad(ctx, branch, rng: _RngState, x: Tensor, params: list[Tensor], grad_out: Tensor, aux):
+    """Recompute `branch(x)` as in forward; returns its value (detached) and the gradients for x and params.
+
+    `aux`: `(module, gradient of its loss)` pairs. Their `aux_loss` is emptied for the recompute, so a module in
+    this branch leaves its loss there with a graph (a recomputation only fills an empty `aux_loss`), and that
+    loss's gradient joins the branch's; the forward's losses are put back after.
+    """
     x = x.detach().requires_grad_()
-    with torch.enable_grad(), rng.replay(), torch.autocast(**ctx.autocast):
-        out = branch(x, ctx.attn_mask, ctx.is_causal)
-    grads = torch.autograd.grad(out, (x, *params), grad_out, allow_unused=True)
+    kept = [module.aux_loss for module, _ in aux]
+    for module, _ in aux:
+        module.aux_loss = None
+    try:
+        with torch.enable_grad(), rng.replay(), torch.autocast(**ctx.autocast):
+            out = branch(x, ctx.attn_mask, ctx.is_causal)
+        losses = [(m.aux_loss, grad) for m, grad in aux if m.aux_loss is not None and m.aux_loss.requires_grad]
+    finally:
+        for (module, _), loss in zip(aux, kept):
+            module.aux_loss = loss
+    outputs = [out] + [loss for loss, _ in losses]
+    grad_outputs = [grad_out] + [grad.to(loss.dtype) for loss, grad in losses]
+    grads = torch.autograd.grad(outputs, (x, *params), grad_outputs, allow_unused=True)
     return out.detach(), grads
 
 
@@ -328,38 +372,3 @@ def _accumulate(grads: dict[int, Tensor], params: list[Tensor], values) -> None:
     for param, value in zip(params, values):
         if value is not None:
             grads[id(param)] = value if id(param) not in grads else grads[id(param)] + value
-
-
-def build_blocks(
-    depth: int,
-    dim: int,
-    num_heads: int,
-    attention: str = "softmax",
-    attention_options: Optional[dict[str, Any]] = None,
-    *,
-    block: str = "timm",
-    block_options: Optional[dict[str, Any]] = None,
-    reversible: bool = False,
-    ff_chunks: int = 0,
-    drop_path_rate: float = 0.0,
-    **block_kwargs: Any,
-) -> nn.Sequential:
-    """`depth` blocks as one module called `blocks(x, attn_mask=None, is_causal=False)`, `[b, n, c]` -> `[b, n, c]`.
-
-    `block_kwargs` are timm's `Block` arguments (`mlp_ratio`, `qkv_bias`, `proj_drop`, `init_values`,
-    `norm_layer`, ...); `drop_path_rate` rises linearly over depth as in timm. Children are named `0`, `1`, ...
-    like a timm ViT's `blocks`, so its `blocks.*` weights load (prefix stripped).
-    """
-    if not isinstance(reversible, bool):
-        raise ValueError(f"reversible={reversible!r} must be True or False")
-    cls = block_class(
-        block, attention=attention, attention_options=attention_options, block_options=block_options,
-        ff_chunks=ff_chunks,
-    )
-    attn_layer = attention_class(attention, **(attention_options or {}))
-    rates = calculate_drop_path_rates(drop_path_rate, depth)
-    blocks = [
-        cls(dim=dim, num_heads=num_heads, attn_layer=attn_layer, drop_path=rates[i], depth=i, **block_kwargs)
-        for i in range(depth)
-    ]
-    return ReversibleSequence(*blocks) if reversible else BlockSequence(*blocks)

@@ -19,6 +19,7 @@ positions never reach a kept token.
 Letter legend: b - batch, c - channels, l - input length (bases or time steps), n - tokens, p - patch length,
 d - model dim (head dim for rotary), k - k-mer length, h - heads.
 """
+
 from __future__ import annotations
 
 import math

@@ -9,6 +9,7 @@ tokens; greedy decoding (`temperature=0`) gives them exactly.
 
 Letter legend: b - batch, n - tokens, d - model dim, v - vocabulary.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -62,8 +63,10 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 def _check_model(model: nn.Module) -> None:
-    if getattr(model, "task", None) != "causal_lm":
-        raise ValueError(f"generation needs a causal_lm SequenceModel, got task {getattr(model, 'task', None)!r}")
+    task = getattr(model, "task", None)
+    if not getattr(task, "causal", False):
+        name = getattr(task, "name", task)
+        raise ValueError(f"generation needs a causal (causal_lm) SequenceModel, got task {name!r}")
 
 
 @torch.no_grad()

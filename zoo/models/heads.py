@@ -1,4 +1,4 @@
-"""Task heads and losses of the 1-D models; every pooling and loss ignores padded positions.
+"""Task heads of the 1-D models (the losses are the tasks', `zoo.tasks`); every pooling ignores padded positions.
 
 - Pooling `[b, n, d] -> [b, d]`: the class token, the mean of kept tokens, or attention pooling (a learned
   query scores each token through a small MLP, softmax over kept tokens; Yang et al. 2016,
@@ -7,12 +7,14 @@
   flattened and mapped linearly to the horizon.
 - Per-token classification, and causal language modelling (next token, tied or untied output embedding).
 
+Every head is called as `head(features, mask)`: the backbone's output and its token mask (True = keep), which
+only the heads that read every token (forecasting) need.
+
 Letter legend: b - batch, c - channels, n - tokens, d - model dim, k - classes, t - horizon, v - vocabulary,
 u - steps per token (k-mer stride).
 """
-from __future__ import annotations
 
-from typing import Literal
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +28,10 @@ __all__ = [
     "ForecastHead",
     "LanguageModelHead",
     "TokenClassificationHead",
-    "causal_lm_loss",
-    "classification_loss",
-    "forecast_loss",
     "masked_mean",
-    "token_classification_loss",
 ]
 
 POOLS = ("cls", "mean", "attention")
-IGNORE_INDEX = -100
 
 
 def masked_mean(x: Tensor, mask: Tensor | None) -> Tensor:
@@ -71,14 +68,22 @@ class AttentionPool(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """Pooled features `[b, d]` -> logits `[b, k]`."""
+    """Pooled features `[b, d]` -> logits `[b, k]`.
 
-    def __init__(self, dim: int, num_classes: int, *, drop: float = 0.0) -> None:
+    `channels > 1`: the features of a channel-independent series, one pooled vector per channel folded into the
+    batch, `(b c) d -> b (c d)`, classified together.
+    """
+
+    def __init__(self, dim: int, num_classes: int, *, channels: int = 1, drop: float = 0.0) -> None:
         super().__init__()
+        self.channels = channels
         self.drop = nn.Dropout(drop)
-        self.fc = nn.Linear(dim, num_classes)
+        self.fc = nn.Linear(dim * channels, num_classes)
 
-    def forward(self, pooled: Tensor) -> Tensor:
+    def forward(self, pooled: Tensor, mask: Tensor | None = None) -> Tensor:
+        """pooled `[(b c), d]` -> `[b, k]`; `mask` is not read (padding is out of the pooled vector)."""
+        if self.channels > 1:
+            pooled = rearrange(pooled, "(b c) d -> b (c d)", c=self.channels)
         return self.fc(self.drop(pooled))
 
 
@@ -86,7 +91,7 @@ class TokenClassificationHead(nn.Module):
     """Tokens `[b, n, d]` -> logits per input position `[b, l, k]`.
 
     A token standing for `steps` input positions (a non-overlapping k-mer) predicts all of them at once,
-    `b n (u k) -> b (n u) k`, trimmed to the input length `l`.
+    `b n (u k) -> b (n u) k`; the model trims the result to the input length `l`.
     """
 
     def __init__(self, dim: int, num_classes: int, *, steps: int = 1, drop: float = 0.0) -> None:
@@ -95,9 +100,9 @@ class TokenClassificationHead(nn.Module):
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(dim, num_classes * steps)
 
-    def forward(self, tokens: Tensor, length: int) -> Tensor:
-        logits = rearrange(self.fc(self.drop(tokens)), "b n (u k) -> b (n u) k", u=self.steps)
-        return logits[:, :length]
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens `[b, n, d]` -> `[b, (n u), k]`; `mask` is not read (padded positions are the loss's to drop)."""
+        return rearrange(self.fc(self.drop(tokens)), "b n (u k) -> b (n u) k", u=self.steps)
 
 
 class ForecastHead(nn.Module):
@@ -151,46 +156,6 @@ class LanguageModelHead(nn.Module):
         self.weight = tied_weight if self.tied else nn.Parameter(torch.randn(vocab_size, dim) * 0.02)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        """tokens `[b, n, d]` -> `[b, n, v]`; `mask` is not read (padded positions are the loss's to drop)."""
         return F.linear(tokens, self.weight, self.bias)
-
-
-def classification_loss(logits: Tensor, labels: Tensor, *, label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy of logits `[b, k]` against labels `[b]`."""
-    return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
-
-
-def token_classification_loss(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Mean cross-entropy over kept positions: logits `[b, l, k]`, labels `[b, l]` (-100 also ignored), mask
-    `[b, l]`."""
-    if mask is not None:
-        labels = labels.masked_fill(~mask, IGNORE_INDEX)
-    return F.cross_entropy(rearrange(logits.float(), "b l k -> (b l) k"), labels.flatten(), ignore_index=IGNORE_INDEX)
-
-
-def forecast_loss(
-    forecast: Tensor, target: Tensor, mask: Tensor | None = None, *, kind: Literal["mse", "mae"] = "mse"
-) -> Tensor:
-    """Mean squared (`mse`) or absolute (`mae`) error over observed steps: forecast, target `[b, t, c]`,
-    mask `[b, t]` (True = observed target step)."""
-    if kind not in ("mse", "mae"):
-        raise ValueError(f"forecast loss {kind!r} is not one of 'mse', 'mae'")
-    if forecast.shape != target.shape:
-        raise ValueError(f"forecast {tuple(forecast.shape)} and target {tuple(target.shape)} differ in shape")
-    error = forecast.float() - target.float()
-    error = error.square() if kind == "mse" else error.abs()
-    if mask is None:
-        return error.mean()
-    keep = mask[..., None].expand_as(error)
-    return error.masked_fill(~keep, 0.0).sum() / keep.sum().clamp_min(1)
-
-
-def causal_lm_loss(logits: Tensor, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Next-token cross-entropy: logits `[b, n, v]` at position i predict `tokens[:, i + 1]`; targets at padded
-    positions (mask `[b, n]` False) are ignored."""
-    targets = tokens[:, 1:]
-    if mask is not None:
-        targets = targets.masked_fill(~mask[:, 1:], IGNORE_INDEX)
-    return F.cross_entropy(
-        rearrange(logits[:, :-1].float(), "b n v -> (b n) v"), targets.flatten(), ignore_index=IGNORE_INDEX
-    )

@@ -1,10 +1,11 @@
-"""A 1-D transformer over long sequences (DNA, time series) with any registered attention.
+"""A 1-D transformer over long sequences (DNA, time series, token sequences) with any registered attention.
 
 `SequenceTransformer` is a stack of timm `Block`s (pre-norm; `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 /
 mlp.fc1 / mlp.fc2`, then `norm` and `cls_token`, the names of timm's `VisionTransformer`), so an image ViT's
 block weights load into it (`load_vit_weights`). Every block gets the key padding mask and `is_causal`.
-`create_sequence_model(task, input=...)` puts an input embedding (`embeddings.py`), the backbone and a task head
-(`heads.py`) together behind `forward(inputs, mask)` and `loss(outputs, targets, mask)`.
+`create_sequence_model(task, input=...)` puts an input embedding (`embeddings.py`), the backbone and the head of
+the task (`zoo.tasks`, which also owns the loss) together behind `forward(inputs, mask)` and
+`loss(outputs, targets, mask)`.
 
 Positions: `learned` (a table of `max_len`, linearly resampled for longer inputs), `sinusoidal`, `rotary`
 (RoFormer, https://arxiv.org/abs/2104.09864: q and k rotated inside every attention, see `with_rotary`), or
@@ -12,9 +13,9 @@ Positions: `learned` (a table of `max_len`, linearly resampled for longer inputs
 
 Letter legend: b - batch, c - channels, n - tokens, d - model dim, h - heads.
 """
+
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -26,8 +27,10 @@ from timm.models.vision_transformer import Block, init_weights_vit_timm
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .._validate import did_you_mean
 from ..attention import AttentionBase, attention_class
 from ..attention._common import TIMM_ATTENTION_KEYS
+from ..tasks import HeadSpec, Task, get_task, list_tasks
 from .embeddings import (
     DNA_BASE_IDS,
     DNA_PAD,
@@ -41,27 +44,12 @@ from .embeddings import (
     rotary_tables,
     sinusoidal_positions,
 )
-from .heads import (
-    POOLS,
-    AttentionPool,
-    ClassificationHead,
-    ForecastHead,
-    LanguageModelHead,
-    TokenClassificationHead,
-    causal_lm_loss,
-    classification_loss,
-    masked_mean,
-    token_classification_loss,
-)
-from .heads import (
-    forecast_loss as forecast_error,
-)
+from .heads import POOLS, AttentionPool, masked_mean
 
 __all__ = [
     "INPUTS",
     "POSITIONS",
     "TASKS",
-    "TASK_INPUTS",
     "SequenceModel",
     "SequenceTransformer",
     "create_sequence_model",
@@ -69,23 +57,16 @@ __all__ = [
     "with_rotary",
 ]
 
-TASKS = ("classification", "forecast", "token_classification", "causal_lm")
-INPUTS = ("dna", "kmer", "series")
+TASKS = tuple(list_tasks())
+# dna: one token per nucleotide; kmer: k-mers embedded from nucleotides; series: PatchTST patches; tokens: integer
+# ids of a dataset's own vocabulary (its `vocab_size`), padding given by the mask
+INPUTS = ("dna", "kmer", "series", "tokens")
 POSITIONS = ("learned", "sinusoidal", "rotary", "none")
-# The inputs each task accepts: forecasting needs a series; next-token prediction and per-position labels need
-# tokens that map back to input positions.
-TASK_INPUTS = {
-    "classification": ("dna", "kmer", "series"),
-    "forecast": ("series",),
-    "token_classification": ("dna", "kmer"),
-    "causal_lm": ("dna",),
-}
 
 
 def _choice(what: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
-        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(value, allowed, n=1)
         raise ValueError(f"unknown {what} {value!r}{hint}; allowed: {', '.join(map(repr, allowed))}")
 
 
@@ -139,15 +120,13 @@ def with_rotary(cls: type[nn.Module], base: float = 10000.0) -> type[nn.Module]:
 def _timm_blocks(
     depth: int, dim: int, num_heads: int, attn_layer: type[nn.Module], *, drop_path_rate: float = 0.0, **block_args
 ) -> nn.Sequential:
-    """`depth` timm `Block`s with stochastic depth rising linearly to `drop_path_rate` (as in timm's ViT).
-
-    Stands in for `zoo.models.blocks.build_blocks` (reversible blocks, chunked feed-forward): swapping it in is
-    the one line in `SequenceTransformer.__init__` that builds `self.blocks`.
-    """
+    """`depth` timm `Block`s with stochastic depth rising linearly to `drop_path_rate` (as in timm's ViT)."""
     rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth else []
     return nn.Sequential(
-        *[Block(dim, num_heads, attn_layer=attn_layer, drop_path=rate, depth=i, **block_args) for i, rate in
-          enumerate(rates)]
+        *[
+            Block(dim, num_heads, attn_layer=attn_layer, drop_path=rate, depth=i, **block_args)
+            for i, rate in enumerate(rates)
+        ]
     )
 
 
@@ -199,8 +178,16 @@ class SequenceTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, max_len, dim)) if positions == "learned" else None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.blocks = _timm_blocks(
-            depth, dim, num_heads, attn_layer, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, qk_norm=qk_norm,
-            attn_drop=attn_drop_rate, proj_drop=proj_drop_rate, drop_path_rate=drop_path_rate,
+            depth,
+            dim,
+            num_heads,
+            attn_layer,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            attn_drop=attn_drop_rate,
+            proj_drop=proj_drop_rate,
+            drop_path_rate=drop_path_rate,
         )
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.attn_pool = AttentionPool(dim) if pool == "attention" else None
@@ -258,7 +245,7 @@ class SequenceTransformer(nn.Module):
         """features `[b, p + n, d]`, mask `[b, n]` -> `[b, d]`; padded tokens never enter."""
         if self.pool_type == "cls":
             return features[:, 0]
-        tokens = features[:, self.num_prefix_tokens:]
+        tokens = features[:, self.num_prefix_tokens :]
         if self.pool_type == "mean":
             return masked_mean(tokens, mask)
         return self.attn_pool(tokens, mask)
@@ -267,7 +254,7 @@ class SequenceTransformer(nn.Module):
         """`x: [b, n, d]`, mask `[b, n]` -> `[b, d]` when pooling, else `[b, n, d]`."""
         features = self.forward_features(x, mask)
         if self.pool_type is None:
-            return features[:, self.num_prefix_tokens:]
+            return features[:, self.num_prefix_tokens :]
         return self.pool(features, mask)
 
 
@@ -296,34 +283,29 @@ def load_vit_weights(backbone: SequenceTransformer, state: dict[str, Tensor]) ->
 
 
 class SequenceModel(nn.Module):
-    """Input embedding -> `SequenceTransformer` -> task head, with the task's loss.
+    """Input embedding -> `SequenceTransformer` -> the task's head, with the task's loss.
 
-    `forward(inputs, mask)`: inputs are token ids `[b, l]` (dna, kmer: nucleotide ids) or a series `[b, l, c]`
-    (time last but one, as `zoo.data` batches `values` and as PatchTST); mask `[b, l]` bool, True = keep (None =
-    nothing padded). Outputs: classification `[b, k]` logits; forecast `[b, t, c_out]` in the input's units
-    (`target_channels` of the input, all by default); token_classification `[b, l, k]`; causal_lm `[b, l, v]`.
-    `loss(outputs, targets, mask)`: labels `[b]`; target series `[b, t, c_out]` (mask `[b, t]`: observed steps,
-    None = all); labels `[b, l]` (mask: the input mask); the input tokens `[b, l]` (mask: the input mask).
+    `forward(inputs, mask)`: inputs are token ids `[b, l]` (dna, kmer: nucleotide ids; tokens: the dataset's ids)
+    or a series `[b, l, c]` (time last but one, as `zoo.data` batches `values` and as PatchTST); mask `[b, l]`
+    bool, True = keep (None = nothing padded). Outputs: classification `[b, k]` logits; forecast `[b, t, c_out]`
+    in the input's units (`target_channels` of the input, all by default); token_classification `[b, l, k]`;
+    causal_lm `[b, l, v]`. `loss(outputs, targets, mask)` is the task's (`zoo.tasks.Task.loss`).
     """
 
     def __init__(
         self,
-        task: str,
+        task: Task,
         input: str,
         embed: nn.Module,
         backbone: SequenceTransformer,
         head: nn.Module,
         *,
         revin: RevIN | None = None,
-        channel_independent: bool = True,
-        forecast_loss: Literal["mse", "mae"] = "mse",
         target_channels: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.task, self.input = task, input
         self.embed, self.backbone, self.head, self.revin = embed, backbone, head, revin
-        self.channel_independent = channel_independent
-        self.forecast_loss = forecast_loss
         self.target_channels = None if target_channels is None else list(target_channels)
 
     @torch.jit.ignore
@@ -335,26 +317,22 @@ class SequenceModel(nn.Module):
         self.backbone.set_grad_checkpointing(enable)
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+        x, stats = inputs, None
         if self.input == "series":
-            return self._forward_series(rearrange(inputs, "b l c -> b c l"), mask)
-        tokens, token_mask = self.embed(inputs, mask)
-        features = self.backbone(tokens, token_mask)
-        if self.task == "token_classification":
-            return self.head(features, inputs.shape[-1])
-        return self.head(features)
+            x = rearrange(inputs, "b l c -> b c l")
+            if self.revin is not None:
+                x, stats = self.revin.normalize(x, mask)
+        tokens, token_mask = self.embed(x, mask)
+        out = self.head(self.backbone(tokens, token_mask), token_mask)
+        if self.task.per_position:
+            # a k-mer token predicts k positions: the last token may reach past the input
+            return out[:, : inputs.shape[1]]
+        if self.task.forecasts_inputs:
+            return self._in_input_units(out, stats)
+        return out
 
-    def _forward_series(self, series: Tensor, mask: Tensor | None) -> Tensor:
-        """`series: [b, c, l]`, mask `[b, l]` -> logits `[b, k]` or forecast `[b, t, c_out]`."""
-        stats = None
-        if self.revin is not None:
-            series, stats = self.revin.normalize(series, mask)
-        tokens, token_mask = self.embed(series, mask)
-        features = self.backbone(tokens, token_mask)
-        if self.task == "classification":
-            if self.channel_independent:
-                features = rearrange(features, "(b c) d -> b (c d)", b=series.shape[0])
-            return self.head(features)
-        forecast = self.head(features, token_mask)
+    def _in_input_units(self, forecast: Tensor, stats: tuple[Tensor, Tensor] | None) -> Tensor:
+        """forecast `[b, c, t]` in normalised units -> `[b, t, c_out]` in the input's, target channels only."""
         if stats is not None:
             forecast = self.revin.denormalize(forecast, stats)
         if self.target_channels is not None:
@@ -364,36 +342,40 @@ class SequenceModel(nn.Module):
     def loss(
         self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None, *, label_smoothing: float = 0.0
     ) -> Tensor:
-        """The task's loss (see the class doc); `label_smoothing` is for classification only."""
-        if label_smoothing and self.task != "classification":
-            raise ValueError(f"label smoothing is for classification, not task {self.task!r}")
-        if self.task == "classification":
-            return classification_loss(outputs, targets, label_smoothing=label_smoothing)
-        if self.task == "forecast":
-            return forecast_error(outputs, targets, mask, kind=self.forecast_loss)
-        if self.task == "token_classification":
-            return token_classification_loss(outputs, targets, mask)
-        return causal_lm_loss(outputs, targets, mask)
+        """The task's loss: labels `[b]`; target series `[b, t, c_out]` (mask `[b, t]`: observed steps, None = all);
+        labels `[b, l]` (mask: the input mask); the input tokens `[b, l]` (mask: the input mask)."""
+        return self.task.loss(outputs, targets, mask, label_smoothing=label_smoothing)
 
 
 def _embedding(
-    input: str, dim: int, *, vocab_size: int, pad_id: int, base_ids: tuple, kmer: int, kmer_stride: int | None,
-    num_channels: int, patch_len: int, patch_stride: int, channel_independent: bool,
+    input: str,
+    dim: int,
+    *,
+    vocab_size: int,
+    pad_id: int,
+    base_ids: tuple,
+    kmer: int,
+    kmer_stride: int | None,
+    num_channels: int,
+    patch_len: int,
+    patch_stride: int,
+    channel_independent: bool,
 ) -> nn.Module:
-    if input == "dna":
+    if input in ("dna", "tokens"):
         return TokenEmbedding(dim, vocab_size=vocab_size, pad_id=pad_id)
     if input == "kmer":
         return KmerEmbedding(dim, k=kmer, stride=kmer_stride, pad_id=pad_id, base_ids=base_ids)
     return PatchEmbedding(
-        dim, num_channels=num_channels, patch_len=patch_len, stride=patch_stride,
+        dim,
+        num_channels=num_channels,
+        patch_len=patch_len,
+        stride=patch_stride,
         channel_independent=channel_independent,
     )
 
 
 def _num_tokens(input: str, embed: nn.Module, seq_len: int | None) -> int | None:
-    if seq_len is None:
-        return None
-    if input == "dna":
+    if seq_len is None or input in ("dna", "tokens"):
         return seq_len
     return embed.num_tokens(seq_len) if input == "kmer" else embed.num_patches(seq_len)
 
@@ -401,7 +383,7 @@ def _num_tokens(input: str, embed: nn.Module, seq_len: int | None) -> int | None
 def create_sequence_model(
     task: Literal["classification", "forecast", "token_classification", "causal_lm"],
     *,
-    input: Literal["dna", "kmer", "series"] = "dna",
+    input: Literal["dna", "kmer", "series", "tokens"] = "dna",
     attention: str = "softmax",
     attention_options: dict[str, Any] | None = None,
     depth: int = 4,
@@ -433,58 +415,83 @@ def create_sequence_model(
     drop_path_rate: float = 0.0,
     grad_checkpointing: bool = False,
 ) -> SequenceModel:
-    """A `SequenceModel` for `task` on `input`.
+    """A `SequenceModel` for `task` (a name of `zoo.tasks`) on `input`.
 
-    Tasks and inputs: classification (dna, kmer, series; needs `num_classes`); forecast (series; needs `seq_len`,
-    the input length, and `horizon`; `target_channels` picks the channels forecast); token_classification (dna,
-    kmer with stride k; needs `num_classes`); causal_lm (dna; next nucleotide, `tie_embeddings` shares the output
-    embedding with the input one).
+    Tasks and inputs: classification (dna, kmer, series, tokens; needs `num_classes`); forecast (series; needs
+    `seq_len`, the input length, and `horizon`; `target_channels` picks the channels forecast, `forecast_loss` the
+    training error); token_classification (dna, kmer with stride k; needs `num_classes`); causal_lm (dna; next
+    nucleotide, `tie_embeddings` shares the output embedding with the input one). `tokens` are ids below
+    `vocab_size` of a dataset's own vocabulary (padding comes from the mask).
     `positions` defaults to rotary for causal_lm and learned otherwise; the learned table has `max_len` entries
     (default: the token count of `seq_len`, else 1024). Series are `[b, l, c]`, normalised with RevIN when
     `revin` (forecasts are returned in the input's units), patched with `patch_len` / `patch_stride`.
     """
-    _choice("task", task, TASKS)
+    spec = get_task(task).configured(forecast_loss=forecast_loss)
     _choice("input", input, INPUTS)
     _choice("forecast_loss", forecast_loss, ("mse", "mae"))
-    if input not in TASK_INPUTS[task]:
-        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(TASK_INPUTS[task])}")
-    if task in ("classification", "token_classification") and not num_classes:
-        raise ValueError(f"task {task!r} needs num_classes (got {num_classes!r})")
-    if task == "forecast" and not (seq_len and horizon):
-        raise ValueError(f"forecasting needs seq_len and horizon (got seq_len={seq_len!r}, horizon={horizon!r})")
-    if task == "token_classification" and input == "kmer" and kmer_stride not in (None, kmer):
+    if input not in spec.inputs:
+        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(spec.inputs)}")
+    if spec.per_position and input == "kmer" and kmer_stride not in (None, kmer):
         raise ValueError(
             f"per-position labels on k-mers need non-overlapping k-mers: kmer_stride={kmer_stride} != k={kmer}"
         )
     if target_channels is not None and not all(0 <= c < num_channels for c in target_channels):
         raise ValueError(f"target_channels {list(target_channels)} must be channel indices below {num_channels}")
-    causal = task == "causal_lm"
-    positions = positions or ("rotary" if causal else "learned")
+    positions = positions or ("rotary" if spec.causal else "learned")
     embed = _embedding(
-        input, dim, vocab_size=vocab_size, pad_id=pad_id, base_ids=base_ids, kmer=kmer, kmer_stride=kmer_stride,
-        num_channels=num_channels, patch_len=patch_len, patch_stride=patch_stride,
+        input,
+        dim,
+        vocab_size=vocab_size,
+        pad_id=pad_id,
+        base_ids=base_ids,
+        kmer=kmer,
+        kmer_stride=kmer_stride,
+        num_channels=num_channels,
+        patch_len=patch_len,
+        patch_stride=patch_stride,
         channel_independent=channel_independent,
     )
     tokens = _num_tokens(input, embed, seq_len)
     backbone = SequenceTransformer(
-        dim=dim, depth=depth, num_heads=num_heads, attention=attention, attention_options=attention_options,
-        mlp_ratio=mlp_ratio, positions=positions, max_len=max_len or tokens or 1024,
-        pool=pool if task == "classification" else None, causal=causal, pos_drop_rate=drop_rate,
-        attn_drop_rate=attn_drop_rate, proj_drop_rate=proj_drop_rate, drop_path_rate=drop_path_rate,
+        dim=dim,
+        depth=depth,
+        num_heads=num_heads,
+        attention=attention,
+        attention_options=attention_options,
+        mlp_ratio=mlp_ratio,
+        positions=positions,
+        max_len=max_len or tokens or 1024,
+        pool=pool if spec.pooled else None,
+        causal=spec.causal,
+        pos_drop_rate=drop_rate,
+        attn_drop_rate=attn_drop_rate,
+        proj_drop_rate=proj_drop_rate,
+        drop_path_rate=drop_path_rate,
     )
     backbone.set_grad_checkpointing(grad_checkpointing)
-    if task == "classification":
-        width = dim * num_channels if input == "series" and channel_independent else dim
-        head = ClassificationHead(width, num_classes, drop=drop_rate)
-    elif task == "forecast":
-        head = ForecastHead(dim, tokens, horizon, num_channels=num_channels,
-                            channel_independent=channel_independent, drop=drop_rate)
-    elif task == "token_classification":
-        head = TokenClassificationHead(dim, num_classes, steps=kmer if input == "kmer" else 1, drop=drop_rate)
-    else:
-        head = LanguageModelHead(dim, vocab_size, tied_weight=embed.weight if tie_embeddings else None)
+    folded = num_channels if input == "series" and channel_independent else 1
+    head = spec.build_head(
+        HeadSpec(
+            dim,
+            drop=drop_rate,
+            num_classes=num_classes,
+            vocab_size=vocab_size,
+            folded_channels=folded,
+            num_channels=num_channels,
+            channel_independent=channel_independent,
+            seq_len=seq_len,
+            num_tokens=tokens,
+            horizon=horizon,
+            steps=kmer if input == "kmer" else 1,
+            tied_weight=getattr(embed, "weight", None) if tie_embeddings else None,
+        )
+    )
     return SequenceModel(
-        task, input, embed, backbone, head,
+        spec,
+        input,
+        embed,
+        backbone,
+        head,
         revin=RevIN(num_channels) if input == "series" and revin else None,
-        channel_independent=channel_independent, forecast_loss=forecast_loss, target_channels=target_channels,
+        target_channels=target_channels,
     )

@@ -1,137 +1,191 @@
-"""timm Vision Transformers with any registered attention in every block.
+"""timm Vision Transformers with any registered attention, in every block or per block: the zoo's model file.
 
-`create_model('vit_small_patch16_224', attention='performer', img_size=1024)` builds timm's own
-`VisionTransformer` through its `attn_layer` and `block_fn` arguments, so `forward_features`, `forward_head`,
-`reset_classifier`, `set_grad_checkpointing` and `dynamic_img_size` behave as in timm. The backbone options of
-`zoo.models.blocks` (`block='gau'`, `reversible=True`, `ff_chunks=4`) work with any attention. Named variants
-`zoo_<timm name>` are registered with timm, so `timm.create_model('zoo_vit_small_patch16_224',
-attention='performer')` works too.
+Shaped like timm's own model files (`timm/models/deit.py`): `ZooVisionTransformer` (timm's `VisionTransformer`
+built through its `attn_layer`, `block_fn` and `embed_layer` slots) and `ReversibleVisionTransformer`, a
+`checkpoint_filter_fn`, `default_cfgs` and one `@register_model` entry point `zoo_<timm name>` per architecture,
+so `timm.create_model('zoo_vit_small_patch16_224', attention='performer')` works like any timm model, and
+`zoo.create_model('vit_small_patch16_224', ...)` is the same model with the file route for weights.
 
-Pretrained timm weights load into any variant: from a file (`pretrained_file=`, offline) or from the hub
-(`pretrained=True`, online). `pos_embed` is resampled to the new resolution, the classifier is dropped when the
-class count differs, and the only keys allowed to stay unfilled are a variant's own attention parameters.
+`forward_features`, `forward_head`, `reset_classifier`, `set_grad_checkpointing` and `dynamic_img_size` behave
+as in timm. The backbone options of `zoo.models.blocks` (`block='gau'`, `reversible=True`, `ff_chunks=4`) work
+with any attention; `global_blocks=[2, 5, 8, 11]` puts `global_attention` in those blocks (ViTDet's layout).
+Variants that attend on the patch grid (`needs_grid`) get `grid_size` and `num_prefix_tokens` from the model,
+and, with `dynamic_img_size=True`, the grid of every input.
+
+Pretrained timm weights load into any variant: from a file (`pretrained_file=`, or timm's
+`pretrained_cfg_overlay=dict(file=...)`) or from the hub (`pretrained=True`). `pos_embed` is resampled to the
+new resolution, the classifier is dropped when the class count differs, and the only keys allowed to stay
+unfilled are a variant's own attention parameters. Without a network set `HF_HUB_OFFLINE=1` (the hub client's
+own switch): a cached checkpoint then loads at once and a missing one fails at once, naming the file route.
 """
+
 from __future__ import annotations
 
-import difflib
 import logging
-import os
-import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
-from unittest import mock
-from urllib.parse import urlsplit
+from typing import Any, ClassVar
 
 import timm
 import torch
-from timm.models import register_model
+from huggingface_hub import is_offline_mode
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
+from timm.layers import to_2tuple, use_reentrant_ckpt
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 from timm.models._manipulate import adapt_input_conv
-from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
+from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
 from torch import nn
 
-from ..attention import attention_class
+from .._validate import unknown_name
+from ..pretrained import WeightsError, check_state_dict, read_weights
+from ..attention import attention_class, get_attention
 from ..attention._common import TIMM_ATTENTION_KEYS
 from .blocks import ReversibleSequence, block_class
 from .stems import STEMS
 
-__all__ = ["VIT_ARCHITECTURES", "LoadReport", "ReversibleVisionTransformer", "create_model", "load_pretrained"]
+__all__ = [
+    "VIT_ARCHITECTURES",
+    "LoadReport",
+    "ReversibleVisionTransformer",
+    "ZooVisionTransformer",
+    "checkpoint_filter_fn",
+    "create_model",
+    "load_pretrained",
+]  # register_model adds each entry point
 
 _logger = logging.getLogger(__name__)
 
-# Architectures registered as `zoo_<name>`; `create_model` accepts any timm VisionTransformer name.
-VIT_ARCHITECTURES = (
-    "vit_tiny_patch16_224",
-    "vit_small_patch16_224",
-    "vit_base_patch16_224",
-    "vit_large_patch16_224",
-    "vit_tiny_patch16_384",
-    "vit_small_patch16_384",
-    "vit_base_patch16_384",
-    "vit_small_patch8_224",
-    "vit_base_patch8_224",
-)
 
-
-@dataclass
-class LoadReport:
-    """What loading pretrained weights left out: a variant's own attention parameters, a resized head."""
-
-    source: str
-    missing_attention_keys: list[str] = field(default_factory=list)
-    dropped_keys: list[str] = field(default_factory=list)
-
-
-def _vit_name(name: str) -> str:
-    base = name.removeprefix("zoo_")
-    if not timm.is_model(base) or not timm.models.is_model_in_modules(base, ["vision_transformer"]):
-        known = timm.list_models("vit_*")
-        close = difflib.get_close_matches(base, known, n=3)
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint}: expected a timm VisionTransformer name such as {VIT_ARCHITECTURES[:3]}")
-    return base
-
-
-def create_model(
-    name: str,
-    *,
-    attention: str = "softmax",
-    attention_options: Optional[dict[str, Any]] = None,
-    block: str = "timm",
-    block_options: Optional[dict[str, Any]] = None,
-    reversible: bool = False,
-    ff_chunks: int = 0,
-    pretrained: bool = False,
-    pretrained_file: Optional[str | Path] = None,
-    stem: str = "patch",
-    **timm_kwargs: Any,
-) -> VisionTransformer:
-    """A timm VisionTransformer `name` whose every block uses attention `attention` with `attention_options`.
+class ZooVisionTransformer(VisionTransformer):
+    """timm's `VisionTransformer` whose blocks use zoo attention `attention` (with `attention_options`), and
+    `global_attention` in the blocks `global_blocks`; the other arguments are timm's.
 
     `block`: `timm` or `gau` (FLASH blocks, with `attention='gau'`; `block_options` may set `z_dim` and
-    `expansion`); `reversible`: RevNet couplings, activation memory independent of depth; `ff_chunks`: the MLP
-    runs over that many checkpointed chunks of the sequence (see `zoo.models.blocks`). `stem`: `patch` (timm's
-    patchify convolution) or `conv` (a convolutional stem of the same stride, see `zoo.models.stems`).
-    `timm_kwargs` go to timm (`img_size`, `num_classes`, `in_chans`, `dynamic_img_size`, `drop_path_rate`, ...).
+    `expansion`); `ff_chunks`: the MLP runs over that many checkpointed chunks of the sequence (see
+    `zoo.models.blocks`); `stem`: `patch` (timm's patchify convolution) or `conv` (`zoo.models.stems`).
+    Parameter names are timm's whatever the attention, so timm checkpoints load. `zoo_attention` and `zoo_blocks`
+    record the choices; `zoo_args` every construction argument (`zoo.pretrained.model_args` rebuilds from it).
+
+    Variants that attend on the patch grid (`needs_grid`) get `grid_size` from the patch embedding and
+    `num_prefix_tokens` from the model. With `dynamic_img_size=True` a forward pre-hook on `patch_embed` (where
+    `forward`, `forward_features` and `forward_intermediates` all start) calls their `set_grid` with the grid of
+    each input; `set_input_size` does the same for a fixed size.
     """
-    base = _vit_name(name)
-    if stem not in STEMS:
-        raise ValueError(f"unknown stem {stem!r}; allowed: {', '.join(STEMS)}")
-    if not isinstance(reversible, bool):
-        raise ValueError(f"reversible={reversible!r} must be True or False")
-    attn_layer = attention_class(attention, **(attention_options or {}))
-    block_fn = block_class(
-        block, attention=attention, attention_options=attention_options, block_options=block_options,
-        ff_chunks=ff_chunks,
-    )
-    model = timm.create_model(
-        base, pretrained=False, attn_layer=attn_layer, block_fn=block_fn, embed_layer=STEMS[stem], **timm_kwargs
-    )
-    if reversible:
-        model.blocks = ReversibleSequence(*model.blocks)
-        # timm's forward_features runs `blocks` one by one under a mask or gradient checkpointing, which would
-        # bypass the couplings: the subclass always runs them as one stack (and adds only that).
-        model.__class__ = ReversibleVisionTransformer
-    model.zoo_attention = {"name": attention, "options": dict(attention_options or {})}
-    model.zoo_blocks = {
-        "block": block, "options": dict(block_options or {}), "reversible": reversible, "ff_chunks": ff_chunks
-    }
-    if pretrained_file is not None:
-        load_pretrained(model, pretrained_file)
-    elif pretrained:
-        _load_from_hub(model, base, timm_kwargs)
-    return model
+
+    reversible: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        attention: str = "softmax",
+        attention_options: dict[str, Any] | None = None,
+        global_blocks: Sequence[int] = (),
+        global_attention: str = "softmax",
+        global_attention_options: dict[str, Any] | None = None,
+        block: str = "timm",
+        block_options: dict[str, Any] | None = None,
+        ff_chunks: int = 0,
+        stem: str = "patch",
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        depth: int = 12,
+        class_token: bool = True,
+        reg_tokens: int = 0,
+        dynamic_img_pad: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        for slot, option in (("attn_layer", "attention"), ("block_fn", "block"), ("embed_layer", "stem")):
+            if slot in kwargs:
+                raise ValueError(f"{slot} is set from {option}=; choose the layer with {option}= instead")
+        if stem not in STEMS:
+            raise unknown_name("stem", stem, STEMS)
+        # What timm's PatchEmbed and VisionTransformer will build (checked below): 2-D attention needs it now.
+        grid = _patch_grid(img_size, patch_size, dynamic_img_pad)
+        prefix = int(class_token) + reg_tokens
+        layout = _check_global_blocks(global_blocks, depth, global_attention, global_attention_options)
+        attn_layer = _attention_layer(attention, attention_options, grid, prefix)
+        global_layer = _attention_layer(global_attention, global_attention_options, grid, prefix) if layout else None
+        block_fn = block_class(
+            block, attention=attention, attention_options=attention_options, block_options=block_options,
+            ff_chunks=ff_chunks, attn_layers=dict.fromkeys(layout, global_layer),
+        )  # fmt: skip
+        super().__init__(
+            img_size=img_size, patch_size=patch_size, depth=depth, class_token=class_token, reg_tokens=reg_tokens,
+            dynamic_img_pad=dynamic_img_pad, attn_layer=attn_layer, block_fn=block_fn, embed_layer=STEMS[stem],
+            **kwargs,
+        )  # fmt: skip
+        assert tuple(self.patch_embed.grid_size) == grid and self.num_prefix_tokens == prefix, "grid mismatch"
+        self.zoo_attention = {
+            "name": attention,
+            "options": dict(attention_options or {}),
+            "global_blocks": layout,
+            "global_attention": {"name": global_attention, "options": dict(global_attention_options or {})},
+        }
+        self.zoo_blocks = {
+            "block": block, "options": dict(block_options or {}), "reversible": self.reversible, "ff_chunks": ff_chunks
+        }  # fmt: skip
+        # The keyword arguments of create_model(architecture, ...) that rebuild this model (save_pretrained).
+        self.zoo_args = {
+            "attention": attention, "attention_options": dict(attention_options or {}), "global_blocks": layout,
+            "global_attention": global_attention, "global_attention_options": dict(global_attention_options or {}),
+            "block": block, "block_options": dict(block_options or {}), "reversible": self.reversible,
+            "ff_chunks": ff_chunks, "stem": stem, "img_size": img_size, "patch_size": patch_size, "depth": depth,
+            "class_token": class_token, "reg_tokens": reg_tokens, "dynamic_img_pad": dynamic_img_pad, **kwargs,
+        }  # fmt: skip
+        if self.dynamic_img_size:
+            # Also when no block needs the grid yet: an attention swapped in later (zoo.convert) gets it too.
+            self.patch_embed.register_forward_pre_hook(self._grid_from_input)
+
+    def _grid_attentions(self) -> list[nn.Module]:
+        return [module for module in self.blocks.modules() if getattr(module, "needs_grid", False)]
+
+    def _set_grid(self, grid_size: tuple[int, int]) -> None:
+        for module in self._grid_attentions():
+            module.set_grid(tuple(grid_size))
+
+    def _grid_from_input(self, patch_embed: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        """Forward pre-hook of `patch_embed` (every forward path starts there): the grid of this `[b, c, H, W]`."""
+        self._set_grid(patch_embed.dynamic_feat_size(args[0].shape[-2:]))
+
+    def set_input_size(
+        self, img_size: tuple[int, int] | None = None, patch_size: tuple[int, int] | None = None
+    ) -> None:
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
+        self._set_grid(self.patch_embed.grid_size)
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        # Reentrant checkpointing runs the first forward without a graph and back-propagates only the blocks'
+        # outputs: an auxiliary loss would get no gradient. The default (non-reentrant) keeps it.
+        if enable and use_reentrant_ckpt():
+            losing = sorted({type(m).__name__ for m in self.modules() if hasattr(m, "aux_loss")})
+            if losing:
+                raise ValueError(
+                    f"reentrant gradient checkpointing (TIMM_REENTRANT_CKPT / timm.layers.set_reentrant_ckpt) "
+                    f"would drop the auxiliary loss of {', '.join(losing)}; use timm's default, non-reentrant"
+                )
+        super().set_grad_checkpointing(enable)
 
 
-class ReversibleVisionTransformer(VisionTransformer):
-    """timm's VisionTransformer whose `blocks` is a `ReversibleSequence` (built by `create_model(reversible=True)`).
+class ReversibleVisionTransformer(ZooVisionTransformer):
+    """`ZooVisionTransformer` whose `blocks` is a `ReversibleSequence`: RevNet couplings, activation memory
+    independent of depth; the weights and their names are those of the plain model.
 
     `forward_features` always runs the stack as a whole: with a mask, causally, and under
     `set_grad_checkpointing(True)` (which changes nothing here: the couplings already recompute every block).
     """
 
+    reversible: ClassVar[bool] = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.blocks = ReversibleSequence(*self.blocks)
+
     def forward_features(
-        self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
         x = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
         return self.norm(self.blocks(x, attn_mask=attn_mask, is_causal=is_causal))
@@ -143,33 +197,87 @@ class ReversibleVisionTransformer(VisionTransformer):
         )
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"pretrained file {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    if path.suffix == ".npz":
-        raise ValueError(f"{path}: .npz (JAX) checkpoints are not supported; convert to .safetensors or .pth")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("state_dict", "model", "module"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    return state
+def _patch_grid(img_size, patch_size, dynamic_img_pad: bool) -> tuple[int, int]:
+    """The token grid of timm's `PatchEmbed` for these arguments (padded up with `dynamic_img_pad`)."""
+    (height, width), (ph, pw) = to_2tuple(img_size), to_2tuple(patch_size)
+    if dynamic_img_pad:
+        return -(-height // ph), -(-width // pw)
+    return height // ph, width // pw
 
 
-def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer) -> tuple[dict, list[str]]:
-    """Resample pos_embed, adapt the input channels, drop a classifier of another size."""
-    state = checkpoint_filter_fn(state, model)
-    target = model.state_dict()
-    conv = "patch_embed.proj.weight"
-    if conv in state and state[conv].shape[1] != target[conv].shape[1]:
-        state[conv] = adapt_input_conv(target[conv].shape[1], state[conv])
-    dropped = [k for k, v in state.items() if k in target and v.shape != target[k].shape and k.startswith("head")]
-    for key in dropped:
-        del state[key]
-    return state, dropped
+def _attention_layer(name: str, options: dict[str, Any] | None, grid: tuple[int, int], prefix: int) -> type[nn.Module]:
+    """The bound attention class; a variant that attends on the patch grid gets the grid and prefix count."""
+    options = dict(options or {})
+    if getattr(get_attention(name), "needs_grid", False):
+        for key, value in (("grid_size", grid), ("num_prefix_tokens", prefix)):
+            given = options.setdefault(key, value)
+            if (tuple(given) if isinstance(given, (list, tuple)) else given) != value:
+                raise ValueError(
+                    f"attention {name!r}: {key}={given!r} contradicts the model's {value!r} (patch grid {grid}, "
+                    f"{prefix} prefix tokens); leave {key} out, the model sets it"
+                )
+    return attention_class(name, **options)
+
+
+def _check_global_blocks(
+    blocks: Sequence[int], depth: int, attention: str, options: dict[str, Any] | None
+) -> list[int]:
+    """`blocks` as a sorted list of distinct indices in `0..depth-1`; one-line errors naming the bad ones."""
+    if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence):
+        raise ValueError(f"global_blocks={blocks!r} must be a list of block indices in 0..{depth - 1}")
+    blocks = list(blocks)
+    wrong = [b for b in blocks if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < depth]
+    if wrong:
+        raise ValueError(f"global_blocks {wrong} out of range for depth {depth}: indices must be in 0..{depth - 1}")
+    if len(set(blocks)) != len(blocks):
+        raise ValueError(f"global_blocks {blocks} names a block twice")
+    if not blocks and (attention != "softmax" or options):
+        raise ValueError(
+            f"global_attention {attention!r} with options {options or {}} applies only to the blocks named in "
+            "global_blocks, which is empty; name the blocks or leave global_attention out"
+        )
+    return sorted(blocks)
+
+
+def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    reversible = kwargs.pop("reversible", False)
+    if not isinstance(reversible, bool):
+        raise ValueError(f"reversible={reversible!r} must be True or False")
+    out_indices = kwargs.pop("out_indices", 3)
+    # A weights file (pretrained_cfg_overlay=dict(file=...)) is read and checked by load_pretrained, with one-line
+    # errors; timm reads only what it fetches (the hub).
+    cfg = resolve_pretrained_cfg(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
+    from_file = pretrained and cfg.file is not None and cfg.state_dict is None and not kwargs.get("features_only")
+    try:
+        model = build_model_with_cfg(
+            ReversibleVisionTransformer if reversible else ZooVisionTransformer,
+            variant,
+            pretrained and not from_file,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
+            **kwargs,
+        )
+    except (EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as error:
+        raise RuntimeError(_hub_failure(variant, error)) from None
+    if from_file:
+        load_pretrained(model, cfg.file)
+    return model
+
+
+def _hub_failure(variant: str, error: Exception) -> str:
+    """One line: why the hub gave no weights, and how to load them from a file instead."""
+    if is_offline_mode():
+        reason = "the hub is not reachable in offline mode (HF_HUB_OFFLINE=1) and the checkpoint is not cached"
+    elif isinstance(error, EntryNotFoundError):
+        reason = "the hub is not reachable and the checkpoint is not cached (set HF_HUB_OFFLINE=1 to skip the retries)"
+    else:
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
+    return (
+        f"could not fetch pretrained weights for {variant!r} from the Hugging Face hub: {reason}. Download the timm "
+        f"checkpoint elsewhere and pass it as a file: zoo.create_model(..., pretrained_file='model.safetensors'), "
+        f"timm.create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=...)) or model.pretrained_file "
+        f"in a recipe"
+    )
 
 
 def _is_attention_extra(key: str) -> bool:
@@ -179,77 +287,245 @@ def _is_attention_extra(key: str) -> bool:
     return not key.split(".attn.", 1)[1].startswith(TIMM_ATTENTION_KEYS)
 
 
+def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
+    """timm's ViT filter (`pos_embed` resampled to the model's grid, ...), then the variant's own attention
+    parameters, which a timm checkpoint lacks, filled from the model's initialisation (and logged). Weights that
+    do not fit (another width, depth, patch size, ...) are a one-line `WeightsError`."""
+    source = model.pretrained_cfg.get("hf_hub_id") or model.pretrained_cfg.get("architecture")
+    state = _fit_to_model(state_dict, model, source)
+    extras = {k: v for k, v in model.state_dict().items() if k not in state and _is_attention_extra(k)}
+    if extras:
+        _logger.warning(
+            "%d attention parameters not in the checkpoint keep their initialisation: %s",
+            len(extras), sorted({k.split(".attn.")[1] for k in extras}),
+        )  # fmt: skip
+    return {**state, **extras}
+
+
+@dataclass
+class LoadReport:
+    """What loading pretrained weights left out: a variant's own attention parameters, a resized head."""
+
+    source: str
+    missing_attention_keys: list[str] = field(default_factory=list)
+    dropped_keys: list[str] = field(default_factory=list)
+
+
+def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, source: str) -> dict[str, torch.Tensor]:
+    """timm's ViT filter (other key layouts converted, `pos_embed` resampled), then a `WeightsError` for what
+    loading cannot adapt: another architecture, width, depth, patch size or MLP width."""
+    try:
+        fitted = vit_checkpoint_filter_fn(state, model)
+    except Exception as error:  # noqa: BLE001 - weights of another shape or layout: the check says which
+        check_state_dict(model, state, source, adapt=True)
+        raise WeightsError(f"{source}: timm's ViT conversion failed: {str(error).splitlines()[0]}") from None
+    # timm resamples a patch embedding of another patch size (FlexiViT); a zoo model takes only its own
+    patch = {k: state[k] for k in ("patch_embed.proj.weight",) if k in state and k in fitted}
+    check_state_dict(model, {**fitted, **patch}, source, adapt=True)
+    return fitted
+
+
+def _adapt_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, source: str) -> tuple[dict, list[str]]:
+    """Resample pos_embed, adapt the input channels, drop a classifier of another size and attention parameters
+    the model's variant does not have (or has in another shape)."""
+    state = _fit_to_model(state, model, source)
+    target = model.state_dict()
+    conv = "patch_embed.proj.weight"
+    if conv in state and conv in target and state[conv].shape[1] != target[conv].shape[1]:
+        channels = state[conv].shape[1], target[conv].shape[1]
+        # timm's rule: 3 channels become any number, any number become 1; nothing else is defined
+        if channels[0] != 3 and channels[1] != 1:
+            raise WeightsError(
+                f"{source}: input channels (in_chans) {channels[0]} in the file, {channels[1]} in the model: only "
+                "3 channels adapt to another count (and any count to 1)"
+            )
+        state[conv] = adapt_input_conv(channels[1], state[conv])
+    dropped = [
+        k for k, v in state.items()
+        if (k.startswith("head") or _is_attention_extra(k)) and (k not in target or v.shape != target[k].shape)
+    ]  # fmt: skip
+    for key in dropped:
+        del state[key]
+    return state, dropped
+
+
 def load_state_dict_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
-    state, dropped = _fit_to_model(state, model)
+    """Load `state` (timm ViT keys) into `model`; a key that fits nowhere or stays unfilled is an error, except a
+    variant's own attention parameters and a classifier of another size (both reported)."""
+    state, dropped = _adapt_to_model(state, model, source)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing_extra = [k for k in missing if _is_attention_extra(k)]
     bad_missing = [k for k in missing if k not in missing_extra and k not in dropped]
     if unexpected or bad_missing:
-        raise ValueError(
+        raise WeightsError(
             f"{source}: weights do not fit the model: missing {bad_missing[:8]}, unexpected {unexpected[:8]}"
             f"{' (and more)' if len(bad_missing) > 8 or len(unexpected) > 8 else ''}"
         )
     if missing_extra:
-        _logger.warning("%s: %d attention parameters not in the checkpoint keep their initialisation: %s",
-                        source, len(missing_extra), sorted({k.split('.attn.')[1] for k in missing_extra}))
-    if dropped:
-        _logger.warning("%s: classifier %s has another class count and was re-initialised", source, dropped)
+        _logger.warning(
+            "%s: %d attention parameters not in the checkpoint keep their initialisation: %s",
+            source, len(missing_extra), sorted({k.split(".attn.")[1] for k in missing_extra}),
+        )  # fmt: skip
+    heads = [k for k in dropped if k.startswith("head")]
+    if heads:
+        _logger.warning("%s: classifier %s has another class count and was re-initialised", source, heads)
+    if len(heads) < len(dropped):
+        _logger.warning(
+            "%s: attention parameters of another variant or shape left out: %s",
+            source, sorted({k.split(".attn.")[1] for k in dropped if k not in heads}),
+        )  # fmt: skip
     return LoadReport(source, missing_extra, dropped)
 
 
 def load_pretrained(model: VisionTransformer, path: str | Path) -> LoadReport:
-    """Load timm weights (`.safetensors`, `.pth`, `.bin`) into `model`, whatever its attention variant."""
+    """Load timm weights (`.safetensors`, `.pth`, `.bin`, read by `zoo.pretrained.read_weights`) into `model`,
+    whatever its attention variant; weights that do not fit are a one-line `WeightsError` naming the file."""
     path = Path(path).expanduser()
-    return load_state_dict_into(model, _read_state_dict(path), str(path))
+    return load_state_dict_into(model, read_weights(path), str(path))
 
 
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+def create_model(
+    name: str,
+    *,
+    attention: str = "softmax",
+    attention_options: dict[str, Any] | None = None,
+    global_blocks: Sequence[int] = (),
+    global_attention: str = "softmax",
+    global_attention_options: dict[str, Any] | None = None,
+    block: str = "timm",
+    block_options: dict[str, Any] | None = None,
+    reversible: bool = False,
+    ff_chunks: int = 0,
+    stem: str = "patch",
+    pretrained: bool = False,
+    pretrained_file: str | Path | None = None,
+    **timm_kwargs: Any,
+) -> ZooVisionTransformer:
+    """ViT `name` (`vit_small_patch16_224` or `zoo_vit_small_patch16_224`, see `VIT_ARCHITECTURES`) whose blocks
+    use attention `attention`, and `global_attention` in blocks `global_blocks` (e.g. `[2, 5, 8, 11]`).
+
+    `reversible`: RevNet couplings (`ReversibleVisionTransformer`); the other options: `ZooVisionTransformer`.
+    Weights: `pretrained_file` (a timm `.safetensors` / `.pth`, offline) or `pretrained=True` (the hub).
+    `timm_kwargs` go to timm (`img_size`, `num_classes`, `in_chans`, `dynamic_img_size`, `drop_path_rate`, ...).
+    """
+    model = timm.create_model(
+        _variant(name),
+        pretrained=pretrained and pretrained_file is None,
+        attention=attention,
+        attention_options=attention_options,
+        global_blocks=global_blocks,
+        global_attention=global_attention,
+        global_attention_options=global_attention_options,
+        block=block,
+        block_options=block_options,
+        reversible=reversible,
+        ff_chunks=ff_chunks,
+        stem=stem,
+        **timm_kwargs,
+    )
+    if pretrained_file is not None:
+        load_pretrained(model, pretrained_file)
+    return model
 
 
-def _hub_unreachable(endpoint_url: str, timeout: float = 3.0) -> bool:
-    """True when no TCP connection to the hub at `endpoint_url` opens within `timeout` s (never asserted behind
-    a proxy)."""
-    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
-        return False
-    endpoint = urlsplit(endpoint_url)
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
-    except OSError:
-        return True
-    return False
+def _variant(name: str) -> str:
+    base = name.removeprefix("zoo_")
+    if base not in VIT_ARCHITECTURES:
+        raise unknown_name("model", name, VIT_ARCHITECTURES)
+    return f"zoo_{base}"
 
 
-def _load_from_hub(model: VisionTransformer, base: str, timm_kwargs: dict[str, Any]) -> LoadReport:
-    from huggingface_hub import constants
-
-    kwargs = {k: timm_kwargs[k] for k in ("num_classes", "in_chans", "img_size") if k in timm_kwargs}
-    # Without a network the hub client retries for about 50 s before failing; in its offline mode a cached
-    # checkpoint still loads and a missing one fails at once.
-    offline = constants.HF_HUB_OFFLINE or _hub_unreachable(constants.ENDPOINT)
-    try:
-        with mock.patch.object(constants, "HF_HUB_OFFLINE", offline):
-            stock = timm.create_model(base, pretrained=True, **kwargs)
-    except Exception as error:  # the hub raises several unrelated types when offline
-        raise RuntimeError(
-            f"could not fetch pretrained weights for {base!r} from the Hugging Face hub ({type(error).__name__}"
-            f"{', the hub is not reachable' if offline else ''}). "
-            f"Offline, download the timm checkpoint elsewhere and pass it as a file: "
-            f"create_model(..., pretrained_file='model.safetensors') or model.pretrained_file in a recipe"
-        ) from None
-    return load_state_dict_into(model, stock.state_dict(), f"hf-hub:{base}")
+def _cfg(hf_hub_id: str, **kwargs: Any) -> dict[str, Any]:
+    """timm's weights `hf_hub_id` and their preprocessing (as timm's own config of that checkpoint)."""
+    return {
+        "hf_hub_id": hf_hub_id, "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": IMAGENET_INCEPTION_MEAN, "std": IMAGENET_INCEPTION_STD,
+        "first_conv": "patch_embed.proj", "classifier": "head", "license": "apache-2.0",
+        **kwargs,
+    }  # fmt: skip
 
 
-def _register(base: str) -> None:
-    def entrypoint(pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
-        return create_model(base, pretrained=pretrained, **kwargs)
+_AT_384 = {"input_size": (3, 384, 384), "crop_pct": 1.0}
 
-    entrypoint.__name__ = entrypoint.__qualname__ = f"zoo_{base}"
-    entrypoint.__module__ = __name__
-    entrypoint.__doc__ = f"timm {base} with a zoo attention (`attention=`, `attention_options=`)."
-    globals()[entrypoint.__name__] = entrypoint
-    register_model(entrypoint)
+default_cfgs = generate_default_cfgs({
+    "zoo_vit_tiny_patch16_224.augreg_in21k_ft_in1k": _cfg("timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"),
+    "zoo_vit_small_patch16_224.augreg_in21k_ft_in1k": _cfg("timm/vit_small_patch16_224.augreg_in21k_ft_in1k"),
+    "zoo_vit_base_patch16_224.augreg2_in21k_ft_in1k": _cfg("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"),
+    "zoo_vit_large_patch16_224.augreg_in21k_ft_in1k": _cfg("timm/vit_large_patch16_224.augreg_in21k_ft_in1k"),
+    "zoo_vit_tiny_patch16_384.augreg_in21k_ft_in1k": _cfg(
+        "timm/vit_tiny_patch16_384.augreg_in21k_ft_in1k", **_AT_384),
+    "zoo_vit_small_patch16_384.augreg_in21k_ft_in1k": _cfg(
+        "timm/vit_small_patch16_384.augreg_in21k_ft_in1k", **_AT_384),
+    "zoo_vit_base_patch16_384.augreg_in21k_ft_in1k": _cfg(
+        "timm/vit_base_patch16_384.augreg_in21k_ft_in1k", **_AT_384),
+    "zoo_vit_small_patch8_224.dino": _cfg(
+        "timm/vit_small_patch8_224.dino", num_classes=0, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD),
+    "zoo_vit_base_patch8_224.augreg2_in21k_ft_in1k": _cfg("timm/vit_base_patch8_224.augreg2_in21k_ft_in1k"),
+})  # fmt: skip
+
+# The timm architectures with a zoo entry point, `zoo_<name>`.
+VIT_ARCHITECTURES = tuple(variant.removeprefix("zoo_") for variant in default_cfgs)
 
 
-for _base in VIT_ARCHITECTURES:
-    _register(_base)
+@register_model
+def zoo_vit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-Ti/16 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3}
+    return _create_zoo_vit("zoo_vit_tiny_patch16_224", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-S/16 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 384, "depth": 12, "num_heads": 6}
+    return _create_zoo_vit("zoo_vit_small_patch16_224", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-B/16 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12}
+    return _create_zoo_vit("zoo_vit_base_patch16_224", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_large_patch16_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-L/16 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 1024, "depth": 24, "num_heads": 16}
+    return _create_zoo_vit("zoo_vit_large_patch16_224", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_tiny_patch16_384(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-Ti/16 at 384 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3}
+    return _create_zoo_vit("zoo_vit_tiny_patch16_384", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_small_patch16_384(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-S/16 at 384 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 384, "depth": 12, "num_heads": 6}
+    return _create_zoo_vit("zoo_vit_small_patch16_384", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_base_patch16_384(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-B/16 at 384 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 16, "embed_dim": 768, "depth": 12, "num_heads": 12}
+    return _create_zoo_vit("zoo_vit_base_patch16_384", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_small_patch8_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-S/8 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...); DINO weights."""
+    model_args = {"patch_size": 8, "embed_dim": 384, "depth": 12, "num_heads": 6}
+    return _create_zoo_vit("zoo_vit_small_patch8_224", pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def zoo_vit_base_patch8_224(pretrained: bool = False, **kwargs: Any) -> ZooVisionTransformer:
+    """ViT-B/8 at 224 px with a zoo attention (`attention=`, `attention_options=`, ...)."""
+    model_args = {"patch_size": 8, "embed_dim": 768, "depth": 12, "num_heads": 12}
+    return _create_zoo_vit("zoo_vit_base_patch8_224", pretrained=pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,161 @@
+"""tools/leaderboard.py: every variant x seed trained and tested in fresh processes, failures as rows, resume."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the leaderboard package lives beside the command lines, outside `import zoo`
+sys.path.insert(0, str(ROOT / "tools"))
+from zoo_bench import leaderboard, leaderboard_report
+
+RECIPE = ROOT / "recipes" / "ucr_acsf1_quick.yaml"
+VARIANTS = ["softmax", "linear", "no_such_attention"]
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory):
+    """The command line end to end: two cheap variants and one that cannot be built, 2 steps, one seed."""
+    root = tmp_path_factory.mktemp("board")
+    command = [sys.executable, str(ROOT / "tools" / "leaderboard.py"), str(RECIPE), "--variants", *VARIANTS]
+    command += ["--budget-steps", "2", "--out", str(root / "out"), "--runs-dir", str(root / "runs")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return root
+
+
+def _saved(root: Path) -> dict:
+    return json.loads((root / "out" / "leaderboard_ucr_acsf1_quick.json").read_text())
+
+
+@pytest.mark.slow
+def test_every_variant_gets_its_test_accuracy_time_and_memory(board):
+    results = _saved(board)
+    records = {r["variant"]: r for r in results["records"]}
+    assert sorted(records) == sorted(VARIANTS)
+    for name in ("softmax", "linear"):
+        record = records[name]
+        assert record["status"] == "ok", record
+        assert record["steps"] == 2 and record["seed"] == 0
+        assert 0 <= record["test"]["top1"] <= 1 and record["test"]["samples"] == 100
+        assert record["train_wall_s"] > 0 and record["eval_wall_s"] > 0
+        assert record["peak_mib"] > 50 and record["samples_per_s"] > 0
+        assert (Path(record["run_dir"]) / "eval.json").is_file()
+    assert results["protocol"]["budget_steps"] == 2 and results["protocol"]["seeds"] == [0]
+    markdown = (board / "out" / "leaderboard_ucr_acsf1_quick.md").read_text()
+    assert "2 optimizer steps per run" in markdown and "train.max_steps=2" in markdown
+    # each variant beside its LRA family's row; a non-LRA task is compared on LRA's average
+    assert "| Transformer | 54.39 |" in markdown and "| Linear Trans. | 50.55 |" in markdown
+    png = (board / "out" / "leaderboard_ucr_acsf1_quick.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_a_failing_variant_gets_its_row_with_the_reason(board):
+    failed = next(r for r in _saved(board)["records"] if r["variant"] == "no_such_attention")
+    assert failed["status"] == "error"
+    assert "unknown attention 'no_such_attention'" in failed["message"] and "softmax" in failed["message"]
+    markdown = (board / "out" / "leaderboard_ucr_acsf1_quick.md").read_text()
+    assert "| `no_such_attention` | failed: error |" in markdown
+    assert "- `no_such_attention` seed 0: error: " in markdown
+
+
+@pytest.mark.slow
+def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    shutil.copytree(board / "out", out)
+    saved = _saved(board)
+    # as if the sweep had stopped before linear's run
+    saved["records"] = [r for r in saved["records"] if r["variant"] != "linear"]
+    (out / "leaderboard_ucr_acsf1_quick.json").write_text(json.dumps(saved))
+    ran = []
+
+    def fake_run(recipe_path, recipe, variant, seed, budget_steps, run_dir, *, options, timeout):
+        ran.append((variant, seed))
+        test = {"top1": 0.5, "samples": 100}
+        return {
+            "variant": variant,
+            "seed": seed,
+            "options": options,
+            "status": "ok",
+            "test": test,
+            "steps": 2,
+            "train_wall_s": 1.0,
+            "peak_mib": 100.0,
+            "samples_per_s": 10.0,
+        }
+
+    monkeypatch.setattr(leaderboard, "train_and_test", fake_run)
+    results = leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=2, seeds=2, runs_dir=tmp_path)
+    assert ran == [("linear", 0), ("softmax", 1), ("linear", 1)]
+    # a variant that failed is not tried again with another seed
+    skipped = [r for r in results["records"] if r["variant"] == "no_such_attention" and r["seed"] == 1]
+    assert skipped[0]["status"] == "skipped" and "seed 0 failed (error)" in skipped[0]["message"]
+    assert len(results["records"]) == 6
+    with pytest.raises(ValueError, match="budget_steps=2, this one has 3"):
+        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=3, runs_dir=tmp_path)
+
+
+def _record(variant, seed, top1=None, status="ok"):
+    record = {"variant": variant, "seed": seed, "status": status, "train_wall_s": 2.0, "peak_mib": 10.0}
+    return {**record, "test": {"top1": top1}} if top1 is not None else {**record, "message": "boom"}
+
+
+def test_summary_ranks_by_mean_over_seeds_with_failures_last():
+    records = [
+        _record("linear", 0, 0.50),
+        _record("linear", 1, 0.70),
+        _record("softmax", 0, 0.80),
+        _record("softmax", 1, None, status="nan"),
+        _record("performer", 0, None, status="oom"),
+    ]
+    rows = leaderboard_report.summarize(records, ["performer", "linear", "softmax"])
+    assert [row["variant"] for row in rows] == ["softmax", "linear", "performer"]
+    softmax, linear, performer = rows
+    assert softmax["score"] == pytest.approx(80.0) and softmax["spread"] is None and softmax["finished"] == 1
+    assert linear["score"] == pytest.approx(60.0) and linear["spread"] == pytest.approx(math.sqrt(200))
+    assert performer["score"] is None and performer["failures"][0]["status"] == "oom"
+
+
+def test_lra_rows_follow_the_task_and_the_family():
+    column = leaderboard_report.lra_column
+    assert column("lra_listops_quick") == "ListOps" and column("lra_pathfinder32") == "Pathfinder"
+    assert column("lra_pathx") == "Path-X" and column("splice_quick") == "avg"
+    assert leaderboard_report.lra_value("performer", "Pathfinder") == "77.05"
+    assert leaderboard_report.lra_value("softmax", "Path-X") == "fail"
+    assert leaderboard_report.lra_value("gau", "ListOps") == "-"
+
+
+def test_a_nan_loss_fails_the_run(tmp_path):
+    (tmp_path / "train_summary.json").write_text(json.dumps({"steps": 2}))
+    lines = [{"step": 1, "train_loss": 1.0, "val_loss": 1.0}, {"step": 2, "train_loss": float("nan")}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    record = leaderboard.read_run(tmp_path)
+    assert record["status"] == "nan" and record["message"] == "train_loss is nan at step 2"
+
+
+def test_the_recipes_own_options_stay_with_its_own_variant():
+    recipe = {"model": {"attention": {"name": "performer", "options": {"nb_features": 64}}}}
+    own = leaderboard.overrides(recipe, "performer", 1, 5, {})
+    assert own == ["model.attention.name=performer", "train.max_steps=5", "train.epochs=5", "seed=1"]
+    other = leaderboard.overrides(recipe, "linformer", 0, 5, {"max_seq_len": 2048})
+    assert other[-2:] == ["model.attention.options={}", "model.attention.options.max_seq_len=2048"]
+
+
+def test_default_variants_are_those_that_serve_the_task():
+    from zoo import list_attentions
+    from zoo.attention import get_attention
+
+    def needs_grid(name):
+        return getattr(get_attention(name), "needs_grid", False)
+
+    assert leaderboard.default_variants("classification", "vit") == list_attentions()
+    flat = leaderboard.default_variants("classification", "sequence")
+    assert flat == [name for name in list_attentions() if not needs_grid(name)]
+    causal = leaderboard.default_variants("causal_lm", "sequence")
+    assert causal == [name for name in flat if get_attention(name).supports_causal] and "softmax" in causal

@@ -1,0 +1,228 @@
+"""`window2d`: the windowed torch path against the dense reference, Swin's shifted-window mask, exact limits,
+locality, prefix tokens, padding, and the grid options."""
+
+import pytest
+import torch
+from kernel_reference import grads
+
+import zoo
+from zoo.attention.window2d import dense_reference, window2d_attention, window2d_keep
+
+DIM, HEADS = 32, 2
+
+
+def qkv(n: int, batch: int = 2, dtype=torch.float64, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(
+        torch.randn(batch, HEADS, n, 8, generator=generator, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
+
+
+def padding(n: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    keep = torch.rand(batch, n, generator=torch.Generator().manual_seed(seed)) > 0.3
+    keep[:, 0] = True
+    return keep
+
+
+def make(name: str = "window2d", **options):
+    torch.manual_seed(0)
+    return zoo.create_attention(name, DIM, HEADS, qkv_bias=True, **options).eval()
+
+
+@pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9)])
+@pytest.mark.parametrize("window,shift", [(1, 0), (2, 0), (3, 1), (4, 2), (5, 3)])
+@pytest.mark.parametrize("prefix,masked", [(0, False), (2, True)])
+def test_torch_path_matches_the_dense_reference(grid, window, shift, prefix, masked):
+    n = prefix + grid[0] * grid[1]
+    q, k, v = qkv(n)
+    mask = padding(n) if masked else None
+    options = {"grid_size": grid, "num_prefix_tokens": prefix, "window": window, "shift": shift}
+    out = window2d_attention(q, k, v, mask, **options)
+    allowed = window2d_keep(grid, prefix, window, shift)
+    expected = dense_reference(q, k, v, allowed, mask, None, 0.0)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+        torch.testing.assert_close(got, want)
+
+
+def swin_allowed(rows: int, cols: int, window: int, shift: int) -> torch.Tensor:
+    """Swin Transformer's shifted-window attention mask, `[cells, cells]`: the grid padded to whole windows and
+    rolled by -shift; cells attend within one window and one region of the roll (the wrapped strips)."""
+    padded_rows, padded_cols = -(-rows // window) * window, -(-cols // window) * window
+    regions = torch.zeros(padded_rows, padded_cols, dtype=torch.long)
+    label = 0
+    for row_slice in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+        for col_slice in (slice(0, -window), slice(-window, -shift), slice(-shift, None)):
+            regions[row_slice, col_slice] = label
+            label += 1
+    # The cell at (i, j) sits at ((i - shift) mod H, (j - shift) mod W) after the roll.
+    r = (torch.arange(rows) - shift) % padded_rows
+    c = (torch.arange(cols) - shift) % padded_cols
+    windows = ((r // window)[:, None] * (padded_cols // window) + (c // window)[None]).flatten()
+    labels = regions[r][:, c].flatten()
+    return (windows[:, None] == windows) & (labels[:, None] == labels)
+
+
+@pytest.mark.parametrize("grid", [(8, 8), (6, 9), (7, 5), (12, 8)])
+@pytest.mark.parametrize("window,shift", [(4, 2), (4, 1), (4, 3), (3, 1)])
+def test_shifted_windows_are_swins_mask(grid, window, shift):
+    expected = swin_allowed(*grid, window, shift)
+    torch.testing.assert_close(window2d_keep(grid, 0, window, shift), expected)
+    # And the torch path computes that pattern.
+    n = 1 + grid[0] * grid[1]
+    q, k, v = qkv(n, batch=1)
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    allowed[1:, 1:] = expected
+    out = window2d_attention(q, k, v, grid_size=grid, num_prefix_tokens=1, window=window, shift=shift)
+    torch.testing.assert_close(out, dense_reference(q, k, v, allowed, None, None, 0.0))
+
+
+def test_unshifted_windows_are_sams_partition():
+    """Without shift, cells share a window iff they share (row // window, col // window), as after SAM's
+    window_partition of the grid padded at the bottom and right."""
+    rows, cols, window = 7, 10, 4
+    cell = torch.arange(rows * cols)
+    ids = (cell // cols // window) * 100 + cell % cols // window
+    torch.testing.assert_close(window2d_keep((rows, cols), 0, window), ids[:, None] == ids)
+
+
+@pytest.mark.parametrize("grid,window", [((5, 7), 7), ((5, 7), 20), ((6, 6), 6), ((1, 9), 9)])
+@pytest.mark.parametrize("shift", [0, True])
+@pytest.mark.parametrize("prefix", [0, 3])
+def test_a_window_covering_the_grid_is_softmax(grid, window, shift, prefix):
+    n = prefix + grid[0] * grid[1]
+    exact = make("softmax")
+    variant = make(grid_size=grid, num_prefix_tokens=prefix, window=window, shift=shift)
+    variant.load_state_dict(exact.state_dict())
+    x = torch.randn(2, n, DIM, generator=torch.Generator().manual_seed(3))
+    keep = padding(n)
+    torch.testing.assert_close(variant(x), exact(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(variant(x, keep), exact(x, keep), rtol=1e-5, atol=1e-5)
+
+
+def test_window_smaller_than_the_grid_differs_from_softmax():
+    exact = make("softmax")
+    variant = make(grid_size=(6, 6), num_prefix_tokens=1, window=3)
+    variant.load_state_dict(exact.state_dict())
+    x = torch.randn(2, 37, DIM)
+    assert (variant(x) - exact(x)).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_a_query_sees_exactly_its_window_and_the_prefix(shift):
+    """Changing key j changes exactly the outputs of the queries whose window holds j (all, for a prefix key)."""
+    grid, prefix, window = (5, 7), 2, 3
+    n = prefix + 35
+    options = {"grid_size": grid, "num_prefix_tokens": prefix, "window": window, "shift": shift}
+    q, k, v = (x.detach() for x in qkv(n, batch=1))
+    base = window2d_attention(q, k, v, **options)
+    allowed = window2d_keep(grid, prefix, window, shift)
+    for j in range(n):
+        k2, v2 = k.clone(), v.clone()
+        k2[:, :, j] += 3.0
+        v2[:, :, j] -= 2.0
+        changed = (window2d_attention(q, k2, v2, **options) - base).abs().amax((0, 1, 3)) > 1e-9
+        torch.testing.assert_close(changed, allowed[:, j], msg=f"key {j}")
+    # Prefix tokens attend to every token, and every token attends to them.
+    assert allowed[:prefix].all() and allowed[:, :prefix].all()
+
+
+def test_padded_keys_get_no_weight_and_a_fully_padded_window_gives_zeros():
+    grid, n = (4, 4), 17
+    attention = make(grid_size=grid, num_prefix_tokens=1, window=2)
+    keep = torch.ones(2, n, dtype=torch.bool)
+    keep[0, [1, 2, 5, 6]] = False  # every cell of the top-left window, and no prefix key: nothing to see
+    keep[0, 0] = False
+    keep[1, 9:] = False
+    x = torch.randn(2, n, DIM)
+    changed = x.clone()
+    changed[~keep] = torch.randn_like(changed[~keep]) * 40
+    q, k, v = attention.project_qkv(x)
+    inner = attention.attend(q, k, v, keep, False)
+    assert torch.isfinite(inner).all()
+    assert (inner[0, :, [1, 2, 5, 6]] == 0).all()
+    torch.testing.assert_close(attention(x, keep)[keep], attention(changed, keep)[keep])
+
+
+def test_batch_entries_stay_independent():
+    attention = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1)
+    x = torch.randn(2, 36, DIM)
+    changed = x.clone()
+    changed[1] = changed[1] * 50 + 3
+    torch.testing.assert_close(attention(x)[0], attention(changed)[0])
+
+
+def test_reference_switch_computes_the_same_module_output():
+    fast = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1)
+    reference = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1, reference=True)
+    reference.load_state_dict(fast.state_dict())
+    x, keep = torch.randn(2, 36, DIM), padding(36)
+    torch.testing.assert_close(fast(x, keep), reference(x, keep), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_is_finite_and_close_to_float32():
+    attention = make(grid_size=(20, 30), num_prefix_tokens=1, window=7, shift=3).train()
+    x = torch.randn(1, 601, DIM) * 3
+    expected = attention(x)
+    low = attention.to(torch.bfloat16)
+    x16 = x.to(torch.bfloat16).requires_grad_()
+    out = low(x16)
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x16.grad).all()
+    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
+
+
+def test_attention_dropout_reaches_the_weights():
+    attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2, attn_drop=0.5).train()
+    x = torch.randn(1, 17, DIM)
+    torch.manual_seed(0)
+    first = attention(x)
+    torch.manual_seed(1)
+    assert (attention(x) - first).abs().max() > 1e-3
+
+
+def test_set_grid_follows_the_image_size():
+    attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2)
+    assert attention(torch.randn(1, 17, DIM)).shape == (1, 17, DIM)
+    attention.set_grid((3, 5))
+    assert attention(torch.randn(1, 16, DIM)).shape == (1, 16, DIM)
+    assert attention.grid_size == (3, 5)
+
+
+def test_shift_true_is_half_a_window():
+    assert make(window=7, shift=True).shift == 3
+    assert make(window=7, shift=False).shift == 0
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"window": 0}, "window=0"),
+        ({"window": 4, "shift": 4}, "shift=4"),
+        ({"shift": -1}, "shift=-1"),
+        ({"grid_size": (4,)}, "grid_size=\\(4,\\)"),
+        ({"grid_size": (4, 0)}, "grid_size\\[1\\]=0"),
+        ({"num_prefix_tokens": -1}, "num_prefix_tokens=-1"),
+        ({"backend": "flexx"}, "backend='flexx'.*did you mean 'flex'"),
+        ({"backend": "flex", "attn_drop": 0.1}, "attn_drop=0.1"),
+        ({"backend": "flex", "reference": True}, "pick one"),
+        ({"reference": 1}, "reference=1"),
+    ],
+)
+def test_options_are_checked_at_construction(options, match):
+    with pytest.raises(ValueError, match=match):
+        make(**options)
+
+
+def test_token_count_must_fit_the_grid():
+    attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2)
+    with pytest.raises(ValueError, match="18 tokens do not fit grid_size=\\(4, 4\\).*expected 1 \\+ 4 x 4 = 17"):
+        attention(torch.randn(1, 18, DIM))
+    with pytest.raises(ValueError, match="grid_size is not set"):
+        make(window=2)(torch.randn(1, 17, DIM))
+
+
+def test_flex_backend_refuses_a_cpu_backward():
+    attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2, backend="flex")
+    with pytest.raises(ValueError, match="no CPU backward"):
+        attention(torch.randn(1, 17, DIM))

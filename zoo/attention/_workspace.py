@@ -1,0 +1,174 @@
+"""What the hand-written blocked kernels share: buffers reused block after block, row blocks, and the pieces of
+their custom backwards (the non-causal fast paths of `performer` and `linear`, `linformer.blocked_attention`, the
+flash parts of the windowed families, `reformer` and `gau`).
+
+Every buffer such a kernel allocates and writes before reading comes from `unwritten`: plain uninitialised memory,
+or NaN inside `poison_unwritten()`, which the tests use so that a kernel reading memory it never wrote fails loudly
+(as flash-linear-attention's tests fill uninitialised memory with NaN).
+
+Letter legend: b - batch, h - heads, n - length, w - rows in a block, d - value dim, e - value dim + 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ._kernel import DENOMINATOR_EPS
+
+__all__ = [
+    "SplitHeads",
+    "Workspace",
+    "first_order_only",
+    "keep_in_rows",
+    "normalise_backward_into",
+    "normalise_into",
+    "num_rows",
+    "poison_unwritten",
+    "row_blocks",
+    "unwritten",
+    "with_ones_into",
+]
+
+_POISON = False
+
+
+@contextlib.contextmanager
+def poison_unwritten() -> Iterator[None]:
+    """Within the block, `unwritten` buffers start as NaN (integer ones at their dtype's max, bool ones True)."""
+    global _POISON
+    previous, _POISON = _POISON, True
+    try:
+        yield
+    finally:
+        _POISON = previous
+
+
+def unwritten(like: Tensor, shape: Sequence[int], dtype: torch.dtype | None = None) -> Tensor:
+    """A tensor of `shape` on `like`'s device (`like`'s dtype by default) that the caller writes before reading."""
+    out = like.new_empty(tuple(shape), dtype=dtype)
+    if not _POISON:
+        return out
+    if out.is_floating_point():
+        return out.fill_(math.nan)
+    return out.fill_(True if out.dtype == torch.bool else torch.iinfo(out.dtype).max)
+
+
+class Workspace:
+    """One flat `unwritten` buffer, viewed as a contiguous tensor of any smaller shape."""
+
+    def __init__(self, like: Tensor, numel: int) -> None:
+        self.buffer = unwritten(like, (numel,))
+
+    def view(self, *shape: int) -> Tensor:
+        return self.buffer[: math.prod(shape)].view(shape)
+
+
+def first_order_only(backward: Callable) -> Callable:
+    """Decorates a hand-written `backward` that implements no second-order terms: under `create_graph=True`
+    it raises instead of returning gradients that silently lack them (`once_differentiable`'s guard never fires
+    when the forward's inputs reach it detached, as here). Otherwise autograd already runs it without grad."""
+
+    @functools.wraps(backward)
+    def guarded(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{type(ctx).__name__.removesuffix('Backward')} has no double backward (create_graph=True); "
+                "use the reference path (reference=True)"
+            )
+        return backward(ctx, *grads)
+
+    return guarded
+
+
+class SplitHeads(torch.autograd.Function):
+    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
+
+    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
+    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what the blocked
+    kernels of `performer` and `linear` write), that buffer is the gradient of qkv as it is; otherwise they are
+    copied into one.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, num_heads: int):
+        b, n, c = qkv.shape
+        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
+        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None):
+        # made of differentiable ops, so double backward works through it
+        b, n, _, h, d = ctx.shape
+        base = grads[0]._base if grads[0] is not None else None
+        if (
+            base is not None
+            and base.shape == ctx.shape
+            and base.is_contiguous()
+            and all(
+                g is not None
+                and g._base is base
+                and g.storage_offset() == base.storage_offset() + i * h * d
+                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
+                for i, g in enumerate(grads)
+            )
+        ):
+            return base.view(b, n, 3 * h * d), None
+        like = next(g for g in grads if g is not None)
+        packed = unwritten(like, ctx.shape)
+        for i, grad in enumerate(grads):
+            if grad is None:
+                packed[:, :, i] = 0.0
+            else:
+                packed[:, :, i] = grad.permute(0, 2, 1, 3)
+        return packed.view(b, n, 3 * h * d), None
+
+
+def row_blocks(n: int, block: int) -> list[slice]:
+    """Slices of `block` rows covering `n` (the last one ragged)."""
+    return [slice(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+def keep_in_rows(keep: Tensor | None, rows: slice) -> Tensor | None:
+    """The key padding mask `[..., n]` (or None) of the positions in `rows`."""
+    return None if keep is None else keep[..., rows]
+
+
+def num_rows(rows: slice) -> int:
+    """Rows in a block of `row_blocks`."""
+    return rows.stop - rows.start
+
+
+def with_ones_into(v: Tensor, workspace: Workspace) -> Tensor:
+    """`[b, h, w, d]` -> `[b, h, w, e]` in `workspace`: values with a ones column, whose output is the normaliser."""
+    values = workspace.view(*v.shape[:-1], v.shape[-1] + 1)
+    values[..., :-1] = v
+    values[..., -1] = 1.0
+    return values
+
+
+def normalise_into(numden: Tensor, out: Tensor, den: Tensor) -> None:
+    """`numden: [b, h, w, d + 1]` (numerators, then the normaliser) -> `out` `[b, h, w, d]` = num / max(den, eps)
+    and `den` `[b, h, w]` = the normaliser, both written in place (views of the caller's full buffers)."""
+    den.copy_(numden[..., -1])
+    torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out)
+
+
+def normalise_backward_into(grad_out: Tensor, out: Tensor, den: Tensor, workspace: Workspace) -> Tensor:
+    """The gradient of `normalise_into` w.r.t. `numden`, in `workspace`: grad_out, out `[b, h, w, d]`, den
+    `[b, h, w]` -> `[b h, w, d + 1]`.
+
+    out = num / clamp_min(den): grad_num = g / den, grad_den = -(g . out) / den (zero where den < eps).
+    """
+    b, h, w, d = out.shape
+    den = den[..., None]
+    grad_numden = workspace.view(b, h, w, d + 1)
+    grad_numden[..., :d] = grad_out
+    grad_den = (grad_out * out).sum(-1, keepdim=True).neg_()
+    grad_numden[..., d:] = grad_den.masked_fill_(den < DENOMINATOR_EPS, 0.0)
+    return grad_numden.div_(den.clamp_min(DENOMINATOR_EPS)).flatten(0, 1)

@@ -1,0 +1,246 @@
+"""Neighborhood attention: "Neighborhood Attention Transformer" (Hassani et al. 2023),
+https://arxiv.org/abs/2204.07143, with the dilation of "Dilated Neighborhood Attention Transformer" (Hassani and
+Shi 2022), https://arxiv.org/abs/2209.15001, as NATTEN computes them.
+
+Each patch attends to the `kernel` x `kernel` patches around it on the grid. At the borders the window is
+clamped inside the grid rather than cut, so every query sees exactly kernel x kernel keys (NATTEN's semantics:
+along an axis of L cells the window starts at clamp(i - kernel // 2, 0, L - kernel)). With `dilation` δ the
+axis splits into δ groups of the cells equal mod δ, and the clamped window of `kernel` cells runs over the
+query's group, spanning about δ * kernel cells. An axis whose group is shorter than the kernel is seen whole
+(NATTEN refuses such grids). Prefix tokens (class, registers) attend to every token and every token to them. A
+kernel covering the grid is exact softmax attention.
+
+The torch path cuts each dilation group into tiles of queries; a tile's keys are the (tile + kernel - 1)-wide
+region holding all its queries' neighbourhoods, gathered once, and a `[tile, region]` mask keeps each query's
+own kernel x kernel keys: one SDPA call over all tiles, O(n (tile + kernel)^2) work, no n x n tensor.
+
+Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens, y / x - grid rows /
+columns, gy / gx - tiles along them, ty / tx - rows / columns of a tile, ry / rx - of its key region.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange, repeat
+from torch import Tensor, nn
+
+from .._validate import check_int
+from ._flex import neighborhood_mask
+from ._registry import register_attention
+from .window2d import GridAttention, check_tokens, global_rows, masked_sdpa
+
+__all__ = ["NeighborhoodAttention", "neighborhood_attention", "neighborhood_keep"]
+
+# Queries per tile side; measured on CPU (fwd + bwd, 64 x 64 grid, kernel 7): see `neighborhood_attention`.
+TILE = 8
+
+
+def axis_neighbors(length: int, kernel: int, dilation: int, device=None) -> Tensor:
+    """`[length, length]` bool: cell j is in the neighbourhood of cell i along an axis of `length` cells."""
+    cell = torch.arange(length, device=device)
+    group, step = cell % dilation, cell // dilation
+    group_length = (length - group + dilation - 1) // dilation
+    size = group_length.clamp(max=kernel)  # cells of the neighbourhood
+    start = torch.minimum((step - size // 2).clamp(min=0), group_length - size)
+    inside = (step >= start[:, None]) & (step < (start + size)[:, None])
+    return (group[:, None] == group) & inside
+
+
+def neighborhood_keep(
+    grid_size: tuple[int, int], num_prefix_tokens: int, kernel: int, dilation: int = 1, device=None
+) -> Tensor:
+    """`[n, n]` bool, True where token i may attend to token j (the dense pattern of `neighborhood_attention`)."""
+    rows, cols = grid_size
+    along_rows = axis_neighbors(rows, kernel, dilation, device)
+    along_cols = axis_neighbors(cols, kernel, dilation, device)
+    patches = rearrange(along_rows[:, None, :, None] & along_cols[None, :, None, :], "y x i j -> (y x) (i j)")
+    n = num_prefix_tokens + rows * cols
+    keep = torch.ones(n, n, dtype=torch.bool, device=device)
+    keep[num_prefix_tokens:, num_prefix_tokens:] = patches
+    return keep
+
+
+def _axis_tiles(length: int, kernel: int, tile: int, device) -> tuple[Tensor, Tensor]:
+    """Along an axis of `length` cells (one dilation group) cut into tiles of `tile` queries: the key cells of
+    each tile's region `[g, r]` and which of them each query sees `[g, tile, r]` (padded queries included)."""
+    size = min(kernel, length)
+    region = min(tile + size - 1, length)
+    first = torch.arange(0, length, tile, device=device)
+    start = (first - size // 2).clamp(0, length - region)
+    keys = start[:, None] + torch.arange(region, device=device)  # [g, r]
+    queries = first[:, None] + torch.arange(tile, device=device)  # [g, tile]
+    low = (queries - size // 2).clamp(0, length - size)
+    seen = (keys[:, None, :] >= low[..., None]) & (keys[:, None, :] < low[..., None] + size)
+    return keys, seen
+
+
+def _group_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    prefix: tuple[Tensor, Tensor, Tensor | None] | None,
+    kernel: int,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    """Neighbourhoods of one dilation group, dilation 1 inside it.
+
+    q, k, v: `[b, h, y, x, d]`; keep: `[b, y, x]` bool or None; prefix: keys `[b, h, p, d]`, values and their keep
+    `[b, p]` (or None) that every query also sees -> `[b, h, y, x, d]`.
+    """
+    b, _, rows, cols, _ = q.shape
+    ty, tx = min(TILE, rows), min(TILE, cols)
+    (row_keys, row_seen), (col_keys, col_seen) = (
+        _axis_tiles(rows, kernel, ty, q.device),
+        _axis_tiles(cols, kernel, tx, q.device),
+    )
+    gy, gx = row_keys.shape[0], col_keys.shape[0]
+    queries = F.pad(q, (0, 0, 0, gx * tx - cols, 0, gy * ty - rows))
+    queries = rearrange(queries, "b h (gy ty) (gx tx) d -> (b gy gx) h (ty tx) d", ty=ty, tx=tx)
+
+    def regions(x: Tensor) -> Tensor:
+        x = x[:, :, row_keys][:, :, :, :, col_keys]  # [b, h, gy, ry, gx, rx, d]
+        return rearrange(x, "b h gy ry gx rx d -> (b gy gx) h (ry rx) d")
+
+    keys, values = regions(k), regions(v)
+    allowed = row_seen[:, None, :, None, :, None] & col_seen[None, :, None, :, None, :]
+    allowed = rearrange(allowed, "gy gx ty tx ry rx -> 1 (gy gx) (ty tx) (ry rx)")
+    if keep is not None:
+        cells = rearrange(keep[:, row_keys][:, :, :, col_keys], "b gy ry gx rx -> b (gy gx) 1 (ry rx)")
+        allowed = allowed & cells
+    if prefix is not None:
+        prefix_k, prefix_v, prefix_keep = prefix
+        keys = torch.cat([keys, repeat(prefix_k, "b h p d -> (b g) h p d", g=gy * gx)], dim=2)
+        values = torch.cat([values, repeat(prefix_v, "b h p d -> (b g) h p d", g=gy * gx)], dim=2)
+        extra = torch.ones(1, 1, 1, prefix_k.shape[2], dtype=torch.bool, device=q.device)
+        extra = extra if prefix_keep is None else prefix_keep[:, None, None, :]
+        batch = max(allowed.shape[0], extra.shape[0])
+        allowed = torch.cat([allowed.expand(batch, -1, -1, -1), extra.expand(batch, *allowed.shape[1:3], -1)], -1)
+    allowed = rearrange(allowed.expand(b, -1, -1, -1), "b g t m -> (b g) 1 t m")
+    # Every query's neighbourhood holds a grid cell: only a padding mask can leave it without keys.
+    out = masked_sdpa(queries, keys, values, allowed, scale, dropout_p, may_be_empty=keep is not None)
+    out = rearrange(out, "(b gy gx) h (ty tx) d -> b h (gy ty) (gx tx) d", b=b, gy=gy, ty=ty)
+    return out[:, :, :rows, :cols]
+
+
+def neighborhood_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    kernel: int = 7,
+    dilation: int = 1,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Neighbourhood attention on the patch grid, prefix tokens global.
+
+    q, k, v: `[b, h, n, d]` with n = num_prefix_tokens + rows * cols (prefix first, then the grid in raster
+    order); mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. One tiled SDPA call per
+    dilation group (dilation^2 of them).
+    """
+    b, h, n, d = q.shape
+    p = num_prefix_tokens
+    rows, cols = check_tokens(n, grid_size, p)
+    grid_q, grid_k, grid_v = (rearrange(x[:, :, p:], "b h (y x) d -> b h y x d", y=rows) for x in (q, k, v))
+    keep = None if mask is None else rearrange(mask[:, p:], "b (y x) -> b y x", y=rows)
+    prefix = (k[:, :, :p], v[:, :, :p], None if mask is None else mask[:, :p]) if p else None
+    if dilation == 1:
+        out = _group_attention(grid_q, grid_k, grid_v, keep, prefix, kernel, scale, dropout_p)
+    else:
+        out = q.new_empty(b, h, rows, cols, d)
+        for first_row in range(min(dilation, rows)):
+            for first_col in range(min(dilation, cols)):
+                cells = (slice(None), slice(None), slice(first_row, None, dilation), slice(first_col, None, dilation))
+                group_keep = None if keep is None else keep[:, cells[2], cells[3]]
+                out[cells] = _group_attention(
+                    grid_q[cells], grid_k[cells], grid_v[cells], group_keep, prefix, kernel, scale, dropout_p
+                )
+    out = rearrange(out, "b h y x d -> b h (y x) d")
+    if not p:
+        return out
+    return torch.cat([global_rows(q[:, :, :p], k, v, mask, scale, dropout_p), out], dim=2)
+
+
+@register_attention("neighborhood")
+class NeighborhoodAttention(GridAttention):
+    """Each patch attends to the `kernel` x `kernel` (odd, default 7) patches around it, clamped inside the grid,
+    every `dilation`-th cell (default 1); prefix tokens global."""
+
+    test_options: ClassVar[dict] = {"grid_size": (6, 6), "num_prefix_tokens": 1, "kernel": 3}
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        gated: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
+        *,
+        kernel: int = 7,
+        dilation: int = 1,
+        grid_size: tuple[int, int] | None = None,
+        num_prefix_tokens: int = 0,
+        backend: Literal["auto", "torch", "flex"] = "auto",
+        reference: bool = False,
+    ) -> None:
+        super().__init__(
+            dim,
+            num_heads,
+            attn_head_dim,
+            dim_out,
+            qkv_bias,
+            qk_norm,
+            scale_norm,
+            proj_bias,
+            gated,
+            attn_drop,
+            proj_drop,
+            norm_layer,
+            device,
+            dtype,
+        )
+        self.init_grid(grid_size, num_prefix_tokens, backend, reference, attn_drop)
+        self.kernel = check_int("kernel", kernel, 1)
+        if kernel % 2 == 0:
+            raise ValueError(f"kernel={kernel} is not allowed: expected an odd integer (the query at the centre)")
+        self.dilation = check_int("dilation", dilation, 1)
+
+    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
+        return neighborhood_keep(grid, self.num_prefix_tokens, self.kernel, self.dilation, device)
+
+    def flex_pattern(self, grid: tuple[int, int], device: torch.device):
+        return neighborhood_mask(grid, self.num_prefix_tokens, self.kernel, self.dilation, device)
+
+    def torch_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
+        return neighborhood_attention(
+            q,
+            k,
+            v,
+            mask,
+            grid_size=grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            kernel=self.kernel,
+            dilation=self.dilation,
+            scale=self.scale,
+            dropout_p=dropout_p,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel={self.kernel}, dilation={self.dilation}"

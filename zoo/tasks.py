@@ -1,0 +1,354 @@
+"""Tasks: what a model learns from a batch, one `Task` object per task, registered by name.
+
+A task owns everything that differs between "classify a sequence", "label every position", "forecast a series"
+and "predict the next token", for the image ViT and the 1-D `SequenceModel` alike:
+
+- the batch key of its targets (`target_key`) and whether the batch's `mask` masks them (`per_position`);
+- its loss (label smoothing where it applies, `IGNORE_INDEX` positions left out) and how many terms the loss
+  averages (`loss_units`, so that a whole split's loss is the mean over the same terms);
+- its metrics: the allowed names, the defaults, the validation metric that picks the best checkpoint, and the
+  `(preds, target)` pair every metric takes (`metric_inputs`);
+- how it sizes a model from the training split (`model_sizes`: classes, vocabulary, horizon and channels) and
+  which head a 1-D model needs (`build_head`);
+- the 1-D model inputs it takes, and the `model.sequence` options only it uses.
+
+Batches are dicts (`zoo.data` turns image `(image, label)` pairs into `{"image", "label"}`), so one `Task` serves
+every model. A new task is a subclass registered with `register_task(MyTask())` in this file.
+
+Letter legend: b - batch, k - classes, l - positions, n - tokens, t - horizon, c - channels, v - vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+from torchmetrics import MetricCollection
+
+from ._validate import did_you_mean
+from .metrics import build_metrics
+from .models.heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
+
+__all__ = [
+    "IGNORE_INDEX",
+    "CausalLanguageModelling",
+    "Classification",
+    "Forecast",
+    "HeadSpec",
+    "Task",
+    "TokenClassification",
+    "get_task",
+    "list_tasks",
+    "register_task",
+]
+
+# The target of a position without a label (and of padded positions): torch's cross_entropy ignores it.
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What a 1-D model tells its task's head: widths, sizes and the input embedding's weight."""
+
+    dim: int
+    drop: float = 0.0
+    num_classes: int | None = None
+    vocab_size: int | None = None
+    # channels folded into the batch by a channel-independent series embedding (1 otherwise)
+    folded_channels: int = 1
+    num_channels: int = 1
+    channel_independent: bool = True
+    # input length and token count of the training split, horizon (forecasting)
+    seq_len: int | None = None
+    num_tokens: int | None = None
+    horizon: int | None = None
+    # input positions per token (a non-overlapping k-mer stands for k)
+    steps: int = 1
+    # the input embedding's [v, d] weight, for a tied output embedding
+    tied_weight: nn.Parameter | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task's rules; subclasses implement `_loss`, `metric_inputs`, `loss_units`, `model_sizes`, `build_head`."""
+
+    name: ClassVar[str]
+    # the batch key holding the targets
+    target_key: ClassVar[str]
+    # the allowed metric names, those reported when a recipe names none, and those tools/eval.py always adds
+    metrics: ClassVar[tuple[str, ...]]
+    default_metrics: ClassVar[tuple[str, ...]]
+    eval_metrics: ClassVar[tuple[str, ...]] = ()
+    # the validation metric that picks the best checkpoint, and whether higher is better
+    selection: ClassVar[tuple[str, bool]]
+    # the 1-D model's inputs it takes (model.sequence.input), and the model.sequence keys only it uses
+    inputs: ClassVar[tuple[str, ...]]
+    model_options: ClassVar[tuple[str, ...]] = ()
+    label_smoothing: ClassVar[bool] = False
+    # one target per input position: the batch's mask masks the targets too
+    per_position: ClassVar[bool] = False
+    # a model for it attends causally / pools its tokens into one vector
+    causal: ClassVar[bool] = False
+    pooled: ClassVar[bool] = False
+    # outputs are future values of the input series (returned in its units)
+    forecasts_inputs: ClassVar[bool] = False
+    # the target value of positions that count for nothing (metrics ignore it), None when there is none
+    ignore_index: ClassVar[int | None] = None
+
+    def configured(self, **options: Any) -> Task:
+        """A copy with the options this task takes (its dataclass fields); options of other tasks are left out."""
+        own = {f.name for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{key: value for key, value in options.items() if key in own})
+
+    def targets(self, batch: Mapping[str, Tensor]) -> tuple[Tensor, Tensor | None]:
+        """The batch's targets, and its `[b, l]` mask where it masks them (per-position tasks), else None."""
+        return batch[self.target_key], batch["mask"] if self.per_position else None
+
+    def loss(
+        self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None, *, label_smoothing: float = 0.0
+    ) -> Tensor:
+        """Mean loss of a batch (shapes: see the subclass); `label_smoothing` only where the task takes it."""
+        if label_smoothing and not self.label_smoothing:
+            raise ValueError(f"label smoothing is for classification, not task {self.name!r}")
+        return self._loss(outputs, targets, mask, label_smoothing)
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        raise NotImplementedError
+
+    def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        """How many terms `loss` averages over in this batch (samples by default)."""
+        return targets.shape[0]
+
+    def metric_inputs(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`(preds, target)` for every metric of the task (unchanged by default, outputs in float32)."""
+        return outputs.float(), targets
+
+    def build_metrics(self, names: Sequence[str], num_classes: int) -> MetricCollection:
+        """The metrics `names`, each one the task allows; `top5` is left out below 5 classes."""
+        unknown = [name for name in names if name not in self.metrics]
+        if unknown:
+            raise ValueError(f"unknown metrics {unknown} for task {self.name!r}; allowed: {', '.join(self.metrics)}")
+        chosen = [name for name in names if name != "top5" or num_classes >= 5]
+        return build_metrics(chosen, num_classes, ignore_index=self.ignore_index)
+
+    def selection_metric(self, metric_names: Sequence[str]) -> tuple[str, bool]:
+        """The validation metric that picks the best checkpoint and whether higher is better; the loss when that
+        metric is not computed."""
+        name, higher_is_better = self.selection
+        return (name, higher_is_better) if name in metric_names else ("loss", False)
+
+    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+        """Model sizes read from the training split (`num_classes`, `vocab_size`, `horizon`, ...)."""
+        return {}
+
+    def num_outputs(self, dataset: Any) -> int:
+        """Classes the metrics count: the classes, the vocabulary, or 0 where nothing is counted."""
+        return 0
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        """The 1-D model's head for this task."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Classification(Task):
+    """One class per sample: logits `[b, k]`, labels `[b]`."""
+
+    name = "classification"
+    target_key = "label"
+    metrics = ("top1", "top5", "f1", "confusion", "mcc", "auroc")
+    default_metrics = ("top1", "top5", "f1")
+    eval_metrics = ("top1", "f1", "confusion")
+    selection = ("top1", True)
+    inputs = ("dna", "kmer", "series", "tokens")
+    model_options = ("pool",)
+    label_smoothing = True
+    pooled = True
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        return F.cross_entropy(outputs.float(), targets, label_smoothing=label_smoothing)
+
+    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+        return {"num_classes": dataset.num_classes}
+
+    def num_outputs(self, dataset: Any) -> int:
+        return dataset.num_classes
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        _require(self, "num_classes", spec.num_classes)
+        return ClassificationHead(spec.dim, spec.num_classes, channels=spec.folded_channels, drop=spec.drop)
+
+
+@dataclass(frozen=True)
+class TokenClassification(Task):
+    """One class per input position: logits `[b, l, k]`, labels `[b, l]` (`IGNORE_INDEX` where there is none)."""
+
+    name = "token_classification"
+    target_key = "labels"
+    metrics = ("top1", "f1", "confusion", "mcc")
+    default_metrics = ("top1", "f1", "mcc")
+    eval_metrics = ("top1", "f1", "confusion")
+    selection = ("f1", True)
+    inputs = ("dna", "kmer")
+    per_position = True
+    ignore_index = IGNORE_INDEX
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        """Mean cross-entropy over kept, labelled positions."""
+        logits, labels = self.metric_inputs(outputs, targets, mask)
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+
+    def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        labelled = targets != IGNORE_INDEX
+        return int((labelled if mask is None else labelled & mask).sum())
+
+    def metric_inputs(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`[b, l, k]`, `[b, l]`, mask `[b, l]` -> `[(b l), k]`, `[(b l)]` with padded positions `IGNORE_INDEX`."""
+        if mask is not None:
+            targets = targets.masked_fill(~mask, IGNORE_INDEX)
+        return rearrange(outputs.float(), "b l k -> (b l) k"), targets.flatten()
+
+    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+        return {"num_classes": dataset.num_classes}
+
+    def num_outputs(self, dataset: Any) -> int:
+        return dataset.num_classes
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        _require(self, "num_classes", spec.num_classes)
+        return TokenClassificationHead(spec.dim, spec.num_classes, steps=spec.steps, drop=spec.drop)
+
+
+@dataclass(frozen=True)
+class Forecast(Task):
+    """Future values of a series: forecast and target `[b, t, c]`, mask `[b, t]` (observed target steps)."""
+
+    name = "forecast"
+    target_key = "target"
+    metrics = ("mse", "mae")
+    default_metrics = ("mse", "mae")
+    selection = ("mse", False)
+    inputs = ("series",)
+    model_options = ("forecast_loss",)
+    forecasts_inputs = True
+    # the training loss: mean squared or absolute error
+    forecast_loss: Literal["mse", "mae"] = "mse"
+
+    def __post_init__(self) -> None:
+        if self.forecast_loss not in ("mse", "mae"):
+            raise ValueError(f"forecast loss {self.forecast_loss!r} is not one of 'mse', 'mae'")
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        if outputs.shape != targets.shape:
+            raise ValueError(f"forecast {tuple(outputs.shape)} and target {tuple(targets.shape)} differ in shape")
+        error = outputs.float() - targets.float()
+        error = error.square() if self.forecast_loss == "mse" else error.abs()
+        if mask is None:
+            return error.mean()
+        keep = mask[..., None].expand_as(error)
+        return error.masked_fill(~keep, 0.0).sum() / keep.sum().clamp_min(1)
+
+    def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        return targets.numel()
+
+    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+        """Channels in, horizon, and which input channels are the targets (None: all of them, in order)."""
+        inputs, targets = list(dataset.input_index), list(dataset.target_index)
+        missing = [dataset.columns[t] for t in targets if t not in inputs]
+        if missing:
+            names = [dataset.columns[i] for i in inputs]
+            raise ValueError(f"data.options.targets {missing} must be among the inputs {names}")
+        channels = None if targets == inputs else [inputs.index(t) for t in targets]
+        return {"num_channels": len(inputs), "horizon": dataset.horizon, "target_channels": channels}
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        if not (spec.seq_len and spec.horizon):
+            raise ValueError(
+                f"forecasting needs seq_len and horizon (got seq_len={spec.seq_len!r}, horizon={spec.horizon!r})"
+            )
+        return ForecastHead(
+            spec.dim,
+            spec.num_tokens,
+            spec.horizon,
+            num_channels=spec.num_channels,
+            channel_independent=spec.channel_independent,
+            drop=spec.drop,
+        )
+
+
+@dataclass(frozen=True)
+class CausalLanguageModelling(Task):
+    """The next token at every position: logits `[b, n, v]` at position i predict `tokens[:, i + 1]`."""
+
+    name = "causal_lm"
+    target_key = "tokens"
+    metrics = ("perplexity", "top1")
+    default_metrics = ("perplexity", "top1")
+    selection = ("perplexity", False)
+    inputs = ("dna",)
+    model_options = ("tie_embeddings",)
+    per_position = True
+    causal = True
+    ignore_index = IGNORE_INDEX
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        """Next-token cross-entropy; targets at padded positions are ignored."""
+        logits, next_tokens = self.metric_inputs(outputs, targets, mask)
+        return F.cross_entropy(logits, next_tokens, ignore_index=IGNORE_INDEX)
+
+    def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        return int(mask[:, 1:].sum()) if mask is not None else targets[:, 1:].numel()
+
+    def metric_inputs(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """logits `[b, n, v]`, tokens `[b, n]`, mask `[b, n]` -> the logits of positions `0 .. n - 2`
+        `[(b n'), v]` and the tokens they predict `[(b n')]`, padded ones `IGNORE_INDEX` (n' = n - 1)."""
+        next_tokens = targets[:, 1:]
+        if mask is not None:
+            next_tokens = next_tokens.masked_fill(~mask[:, 1:], IGNORE_INDEX)
+        return rearrange(outputs[:, :-1].float(), "b n v -> (b n) v"), next_tokens.flatten()
+
+    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+        return {"vocab_size": dataset.vocab_size}
+
+    def num_outputs(self, dataset: Any) -> int:
+        return dataset.vocab_size
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        _require(self, "vocab_size", spec.vocab_size)
+        return LanguageModelHead(spec.dim, spec.vocab_size, tied_weight=spec.tied_weight)
+
+
+def _require(task: Task, name: str, value: Any) -> None:
+    if not value:
+        raise ValueError(f"task {task.name!r} needs {name} (got {value!r})")
+
+
+_TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Register `task` under `task.name`; a duplicate name raises."""
+    if task.name in _TASKS:
+        raise ValueError(f"task {task.name!r} is already registered by {type(_TASKS[task.name]).__qualname__}")
+    _TASKS[task.name] = task
+    return task
+
+
+def list_tasks() -> list[str]:
+    """Registered task names, in registration order."""
+    return list(_TASKS)
+
+
+def get_task(name: str) -> Task:
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}{did_you_mean(name, _TASKS)}; known: {', '.join(_TASKS)}")
+    return _TASKS[name]
+
+
+for _task in (Classification(), Forecast(), TokenClassification(), CausalLanguageModelling()):
+    register_task(_task)
