@@ -218,6 +218,10 @@ def test_build_dataset(image_root):
         "csv",
         "elecdemand",
         "forecast_csv",
+        "listops",
+        "lra_image",
+        "pathfinder",
+        "pathfinder_image",
     }
     ds = build_dataset("megamnist", DataContext("val", is_training=False, num_samples=3, seed=2), canvas_size=96)
     assert isinstance(ds, MegaMNIST) and len(ds) == 3 and ds.seed == 2 and ds.split == "val"

@@ -173,7 +173,7 @@ def test_range_bounds_are_inclusive_where_allowed():
     recipe = recipe_from_dict(
         {
             "name": "x",
-            "model": {"img_size": 8, "drop_rate": 0},
+            "model": {"img_size": 8, "patch_size": 8, "drop_rate": 0},
             "optim": {"layer_decay": 1},
             "data": {"options": {"num_other": 0}},
         }
@@ -196,7 +196,9 @@ def test_literal_choices():
     assert message == "<dict>: train.mixed_precision: expected one of 'auto', 'no', 'bf16', 'fp16', got 'bf32'"
     message = error_of({"name": "x", "data": {"name": "mnist"}})
     assert message.startswith("<dict>: data.name: expected one of 'megamnist', 'folder', 'genomes', ")
-    assert message.endswith(", 'elecdemand', 'forecast_csv', got 'mnist'")
+    assert message.endswith(
+        ", 'elecdemand', 'forecast_csv', 'listops', 'lra_image', 'pathfinder', 'pathfinder_image', got 'mnist'"
+    )
     assert "schedule.name: expected one of" in error_of({"name": "x", "schedule": {"name": "linear"}})
     assert recipe_from_dict({"name": "x", "train": {"mixed_precision": "no"}}).train.mixed_precision == "no"
 
@@ -316,8 +318,11 @@ def test_top_level_not_mapping_in_file(tmp_path, text):
         load_recipe(write(tmp_path / "r.yaml", text))
 
 
-def test_empty_file_is_all_defaults(tmp_path):
-    assert load_recipe(write(tmp_path / "empty.yaml", "")) == Recipe(name="empty")
+def test_empty_file_is_an_error_of_its_own(tmp_path):
+    # an empty file is more likely a file cut short or the wrong path than a wish for every default
+    for text in ("", "# only a comment\n"):
+        with pytest.raises(RecipeError, match=r"empty\.yaml: empty recipe"):
+            load_recipe(write(tmp_path / "empty.yaml", text))
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from zoo.cli import run_cli
+from zoo.cli import log_to, run_cli
 from zoo.evaluation import evaluate_run
 
 
@@ -27,12 +27,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--split", default="test", choices=("val", "test"))
     parser.add_argument("--output", help="where to write the JSON (default: <run_dir>/eval.json)")
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of any error")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     run_dir = Path(args.run_dir)
+    if run_dir.is_dir():
+        log_to(run_dir / "eval.log")
     result = evaluate_run(run_dir, checkpoint=args.checkpoint, split=args.split)
     output = Path(args.output) if args.output else run_dir / "eval.json"
     output.write_text(json.dumps(result, indent=2))

@@ -5,6 +5,10 @@ tools/train.py recipes/quickstart.yaml
 tools/train.py recipes/vit_performer_1024.yaml --set train.epochs=3 model.attention.options.nb_features=128
 tools/train.py recipes/elecdemand_quick.yaml --set data.options.horizon=192
 accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
+tools/train.py recipes/quickstart.yaml --resume                  # continue from runs/quickstart/checkpoints/last
+tools/train.py recipes/quickstart.yaml --resume-from best        # when last is damaged
+
+Errors are one line; the full traceback of any error goes to <run dir>/train.log (--debug prints it).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zoo.cli import run_cli
+from zoo.cli import log_to, run_cli
 from zoo.engine import Trainer, find_checkpoint
 from zoo.recipe import load_recipe
 
@@ -32,10 +36,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", help="run directory (default: the recipe's output_dir, else runs/<name>)")
     parser.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last")
     parser.add_argument(
+        "--resume-from",
+        choices=("last", "best"),
+        help="continue from this checkpoint of the run dir (best: when last is damaged; the steps after it are redone)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in a run directory that holds checkpoints (replaced once new ones exist)",
     )
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of any error")
     return parser.parse_args()
 
 
@@ -43,14 +53,16 @@ def main() -> None:
     args = parse_args()
     recipe = load_recipe(args.recipe, args.overrides)
     run_dir = Path(args.output or recipe.output_dir or Path("runs") / recipe.name)
-    if not args.resume and find_checkpoint(run_dir) is not None:
+    resume = args.resume_from or ("last" if args.resume else None)
+    log_to(run_dir / "train.log")
+    if not resume and find_checkpoint(run_dir) is not None:
         if not args.overwrite:
             raise FileExistsError(
                 f"{run_dir} already holds checkpoints: pass --resume to continue, --overwrite to start again, "
                 "or --output DIR"
             )
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    Trainer(recipe, run_dir, resume=args.resume).fit()
+    Trainer(recipe, run_dir, resume=resume or False).fit()
 
 
 if __name__ == "__main__":

@@ -10,16 +10,21 @@ from .attention import (
     register_attention,
 )
 from .models import create_model, load_pretrained
+from .pretrained import WeightsError, load_model, push_to_hub, save_pretrained
 
 __all__ = [
     "AttentionBase",
+    "WeightsError",
     "attention_class",
     "auxiliary_loss",
     "create_attention",
     "create_model",
     "list_attentions",
+    "load_model",
     "load_pretrained",
     "on_optimizer_step",
+    "push_to_hub",
     "register_attention",
+    "save_pretrained",
 ]
 __version__ = "0.1.0"

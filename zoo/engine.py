@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import math
+import pickle
 import shutil
 import sys
 import time
@@ -36,13 +37,26 @@ from tqdm.auto import tqdm
 
 from .attention import on_optimizer_step
 from .attention._registry import auxiliary_loss
+from .checkpoints import (
+    CheckpointError,
+    check_checkpoint_weights,
+    find_checkpoint,
+    model_identity,
+    read_manifest,
+    replace_dir,
+    usable_checkpoint,
+    write_manifest,
+)
 from .data import DataContext, build_dataset, collate_for, get_dataset
+from .distributed import build_accelerator, save_checkpoint, whole_state
 from .metrics import metrics_to_python
 from .model_kinds import get_model_kind
+from .pretrain import pretrain
 from .recipe import Recipe, save_recipe
 from .tasks import Task
 
 __all__ = [
+    "NonFiniteError",
     "Trainer",
     "build_loader",
     "build_split",
@@ -56,14 +70,22 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
+class NonFiniteError(ValueError):
+    """A loss or weights that are NaN or infinite: the run stops rather than train or save nonsense."""
+
+
 @dataclass
 class TrainState:
-    """Progress that a checkpoint restores: optimizer steps, finished epochs, batches into this epoch."""
+    """Progress that a checkpoint restores: optimizer steps, finished epochs, batches into this epoch, batches
+    skipped for a non-finite loss (train.skip_nonfinite)."""
 
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
     best_metric: float = -math.inf
+    skipped_batches: int = 0
+    # train.pretrain ran (once, before step 0): a resumed run never pretrains again
+    pretrained: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,37 +197,50 @@ def evaluate(
 
 def _state_checksum(model: nn.Module) -> str:
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in whole_state(model):
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
-def find_checkpoint(run_dir: Path, which: str = "last") -> Path | None:
-    """`checkpoints/<which>`, or its `.old` twin if a crash fell between the two renames of a save."""
-    for candidate in (run_dir / "checkpoints" / which, run_dir / "checkpoints" / f"{which}.old"):
-        if candidate.is_dir():
-            return candidate
-    return None
+def _resume_from(resume: bool | str) -> str | None:
+    """The checkpoint `resume` names: None (start afresh), `last` (True) or `best`."""
+    if resume is True:
+        return "last"
+    if resume is False or resume is None:
+        return None
+    if resume not in ("last", "best"):
+        raise ValueError(f"resume must be True, False, 'last' or 'best', got {resume!r}")
+    return resume
 
 
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Move `tmp` to `final`; the previous `final` survives as `final.old` until the new one is in place."""
-    old = final.with_name(final.name + ".old")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+def _too_few_samples(recipe: Recipe, samples: int, processes: int) -> str:
+    """Why no training step fits in an epoch, and the largest batch size that would."""
+    data, accum = recipe.data, recipe.train.grad_accum_steps
+    largest = samples // (accum * processes)
+    fix = f"lower data.batch_size to at most {largest}" if largest else "add training samples"
+    return (
+        f"dataset {data.name!r} has {samples} training samples, fewer than one step takes (data.batch_size "
+        f"{data.batch_size} x train.grad_accum_steps {accum} x {processes} processes; incomplete batches are "
+        f"dropped): {fix}"
+    )
+
+
+def _rate(samples_per_s: float) -> str:
+    """Three significant digits, so that a slow step reads 0.0312, not 0.0."""
+    return f"{samples_per_s:.0f}" if samples_per_s >= 1000 else f"{samples_per_s:.3g}"
 
 
 class Trainer:
     """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path, *, resume: bool = False) -> None:
-        self.recipe, self.run_dir, self.resume = recipe, Path(run_dir), resume
+    def __init__(self, recipe: Recipe, run_dir: Path, *, resume: bool | str = False) -> None:
+        """`resume`: False, True (from `checkpoints/last`) or the checkpoint to continue from, `last` or `best`."""
+        self.recipe, self.run_dir = recipe, Path(run_dir)
+        self.resume = _resume_from(resume)
         cfg = recipe.train
-        self.accelerator = Accelerator(
+        self.accelerator = build_accelerator(
+            cfg.distributed,
             # accelerate takes the gloo data-parallel path under torchrun only when told it runs on the CPU
             cpu=not torch.cuda.is_available(),
             mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
@@ -218,6 +253,10 @@ class Trainer:
         train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
         self.num_classes = self.task.num_outputs(train_set)
         model = self.kind.build(recipe, train_set, self.task)
+        # self-pretraining (zoo.pretrain) once, before step 0; a resumed run loads its result instead
+        pretrained = cfg.pretrain is not None and not self.resume
+        if pretrained:
+            pretrain(recipe, model, build_loader(recipe, train_set, True), self.accelerator, self.run_dir)
         optimizer = create_optimizer_v2(
             model,
             opt=recipe.optim.name,
@@ -231,13 +270,11 @@ class Trainer:
         )
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
-            raise ValueError(
-                f"data.batch_size x train.grad_accum_steps x processes exceeds the {len(train_set)} training samples"
-            )
+            raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = self._scheduler()
-        self.state = TrainState()
+        self.state = TrainState(pretrained=pretrained)
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
@@ -259,18 +296,26 @@ class Trainer:
         return self.accelerator.is_main_process
 
     def _save(self, which: str) -> None:
-        """Write `checkpoints/<which>` into a temporary directory, then rename it into place."""
+        """Write `checkpoints/<which>` into a temporary directory, then rename it into place; weights that are not
+        finite are never saved over a good checkpoint."""
+        if not self._weights_are_finite():
+            raise NonFiniteError(
+                f"the weights hold NaN or inf at step {self.state.step}: training stopped without saving, "
+                f"{self._last_good_checkpoint()}; lower optim.lr or set train.clip_grad"
+            )
         tmp = self.run_dir / "checkpoints" / f"{which}.tmp"
         if self.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             # every process writes its own RNG state into it
             tmp.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(tmp))
+        save_checkpoint(self.accelerator, self.model, tmp)
         self.accelerator.wait_for_everyone()
         if self.is_main:
             (tmp / "meta.json").write_text(json.dumps(self.state.state_dict()))
-            _replace_dir(tmp, tmp.with_name(which))
+            # last: a folder with a manifest was written to the end
+            write_manifest(tmp, model=model_identity(self.recipe), state=self.state.state_dict())
+            replace_dir(tmp, tmp.with_name(which))
         self.accelerator.wait_for_everyone()
 
     def _copy_checkpoint(self, source: str, which: str) -> None:
@@ -279,14 +324,20 @@ class Trainer:
             tmp = root / f"{which}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(root / source, tmp)
-            _replace_dir(tmp, root / which)
+            replace_dir(tmp, root / which)
         self.accelerator.wait_for_everyone()
 
     def _restore(self) -> None:
-        checkpoint = find_checkpoint(self.run_dir, "last")
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints' / 'last'}")
-        self.accelerator.load_state(str(checkpoint))
+        """Load `checkpoints/<resume>` once its manifest, the recipe and the weights' shapes agree."""
+        checkpoint, _ = usable_checkpoint(self.run_dir, self.resume, self.recipe, "this recipe")
+        check_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)
+        try:
+            self.accelerator.load_state(str(checkpoint))
+        except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise CheckpointError(f"{checkpoint}: cannot load the training state: {first}") from error
+        if self.recipe.train.pretrain is not None and not self.state.pretrained:
+            raise CheckpointError(f"{checkpoint} was trained without train.pretrain, which the recipe asks for")
         self.accelerator.print(f"resumed from {checkpoint} at step {self.state.step}, epoch {self.state.epoch}")
 
     def _log_eval(self, record: dict) -> None:
@@ -303,6 +354,8 @@ class Trainer:
             save_recipe(self.recipe, self.run_dir / "recipe.yaml")
         if self.resume:
             self._restore()
+        elif self.state.pretrained:
+            self._save("last")  # the pretrained weights at step 0: a resume from here does not pretrain again
         last_eval: dict = {}
         while self.state.epoch < self.recipe.train.epochs and self.state.step < self.total_steps:
             train_loss, samples_per_s = self._train_epoch()
@@ -332,8 +385,10 @@ class Trainer:
         loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
         for batch in loader:
             loss = self._train_batch(batch)
-            loss_sum += loss.detach()
-            batches += 1
+            # a skipped batch's non-finite loss is not averaged in (no device sync: the flag stays a tensor)
+            finite = torch.isfinite(loss.detach())
+            loss_sum += torch.where(finite, loss.detach(), 0.0)
+            batches += finite
             samples += len(batch[self.task.target_key]) * acc.num_processes
             self.state.batch_in_epoch += 1
             if not acc.sync_gradients:
@@ -345,7 +400,7 @@ class Trainer:
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
                 bar.set_postfix(
-                    loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=f"{rate:.1f}", refresh=False
+                    loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=_rate(rate), refresh=False
                 )
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
@@ -355,7 +410,7 @@ class Trainer:
         if self.state.batch_in_epoch >= self.batches_per_epoch:
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
-        mean_loss = float(acc.reduce(loss_sum, "mean")) / max(batches, 1)
+        mean_loss = float(acc.reduce(loss_sum, "mean")) / max(int(batches), 1)
         return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
 
     def _train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
@@ -367,12 +422,54 @@ class Trainer:
                 outputs = self.model(*self.kind.inputs(batch))
                 loss = self.task.loss(outputs, targets, mask, label_smoothing=cfg.label_smoothing)
                 loss = loss + auxiliary_loss(self.model)
+            if not self._loss_is_finite(loss):
+                # no backward and no optimizer step: the batch (and what this step accumulated) is dropped
+                self.optimizer.zero_grad(set_to_none=True)
+                return loss
             acc.backward(loss)
             if acc.sync_gradients and cfg.clip_grad:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+    def _loss_is_finite(self, loss: Tensor) -> bool:
+        """True when the loss is finite on every process. Otherwise the batch is skipped while fewer than
+        `train.skip_nonfinite` were, else the run stops with a NonFiniteError naming the step and last checkpoint."""
+        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
+        if self.accelerator.num_processes > 1:
+            # every process skips the same batch, or none does: a lone skip would hang the gradient all-reduce
+            bad = self.accelerator.reduce(bad, "sum")
+        if not bad.item():
+            return True
+        self.state.skipped_batches += 1
+        where = f"step {self.state.step + 1} (epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch + 1})"
+        allowed = self.recipe.train.skip_nonfinite
+        if self.state.skipped_batches > allowed:
+            raise NonFiniteError(
+                f"non-finite loss ({float(loss.detach()):g}) at {where}: training stopped, "
+                f"{self._last_good_checkpoint()}; lower optim.lr, check the data, or set train.skip_nonfinite "
+                f"to skip up to that many such batches (now {allowed})"
+            )
+        _logger.warning("non-finite loss at %s: batch skipped (%d of train.skip_nonfinite=%d)", where,
+                        self.state.skipped_batches, allowed)
+        return False
+
+    def _last_good_checkpoint(self) -> str:
+        """`the last good checkpoint is <path> (step N)`, or that none was written yet."""
+        found = find_checkpoint(self.run_dir, "last")
+        if found is None:
+            return "no checkpoint was written yet"
+        step = ((read_manifest(found) or {}).get("state") or {}).get("step", "?")
+        return f"the last good checkpoint is {found} (step {step})"
+
+    def _weights_are_finite(self) -> bool:
+        """Whether every weight is finite on every process (a finite loss can still overflow a gradient)."""
+        flags = [torch.isfinite(p.detach()).all() for p in self.model.parameters()]
+        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, "sum")
+        return not bad.item()
 
     def _lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]

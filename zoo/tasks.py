@@ -23,16 +23,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
-from torchmetrics import MetricCollection
 
 from ._validate import did_you_mean
-from .metrics import build_metrics
 from .models.heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
+
+if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from torchmetrics import MetricCollection
 
 __all__ = [
     "IGNORE_INDEX",
@@ -134,6 +135,8 @@ class Task:
         if unknown:
             raise ValueError(f"unknown metrics {unknown} for task {self.name!r}; allowed: {', '.join(self.metrics)}")
         chosen = [name for name in names if name != "top5" or num_classes >= 5]
+        from .metrics import build_metrics
+
         return build_metrics(chosen, num_classes, ignore_index=self.ignore_index)
 
     def selection_metric(self, metric_names: Sequence[str]) -> tuple[str, bool]:

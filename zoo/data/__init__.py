@@ -14,6 +14,7 @@ from . import dna  # noqa: F401
 from . import fasta  # noqa: F401
 from . import timeseries  # noqa: F401
 from . import forecast  # noqa: F401
+from . import listops, lra_image, pathfinder  # noqa: F401
 
 # isort: on
 from ._registry import (

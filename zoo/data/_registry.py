@@ -143,13 +143,19 @@ def get_dataset(name: str) -> DatasetSpec:
 
 
 def build_dataset(name: str, context: DataContext, **options: Any) -> Dataset:
-    """Dataset ``name`` for ``context.split`` with ``options`` (checked against its options dataclass)."""
+    """Dataset ``name`` for ``context.split`` with ``options`` (checked against its options dataclass); a split
+    without samples is a ValueError."""
     spec = get_dataset(name)
     if spec.root == "required" and context.root is None:
         raise ValueError(f"dataset {name!r} needs the option data.root: it reads your files")
     if spec.root == "none" and context.root is not None:
         raise ValueError(f"dataset {name!r} reads no files of yours; leave data.root out, got {context.root!r}")
-    return spec.build(spec.make_options(options), context)
+    dataset = spec.build(spec.make_options(options), context)
+    if hasattr(dataset, "__len__") and len(dataset) == 0:
+        where = f" at {context.root!r}" if context.root is not None else ""
+        raise ValueError(f"dataset {name!r}{where} has no samples in its {context.split!r} split: nothing to train or "
+                         "evaluate on")
+    return dataset
 
 
 def _collate_images(samples: Sequence[tuple[Any, int]]) -> dict[str, Any]:

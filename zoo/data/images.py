@@ -57,7 +57,7 @@ def open_image(path: str | Path, mode: str = "RGB") -> Image.Image:
             return _to_8_bit(ImageOps.exif_transpose(image), mode)
     # PIL's decoders fail with many exception types (OSError, SyntaxError, ValueError, struct.error, ...) on
     # malformed files; every one of them is this file's fault, reported with its path.
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise ImageError(path, _reason(error)) from error
 
 
@@ -74,9 +74,7 @@ def _to_8_bit(image: Image.Image, mode: str) -> Image.Image:
     """`image` (any PIL mode) as an 8-bit `mode` image."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         image = Image.fromarray(_scaled(np.asarray(image)), "L")
-    elif image.mode in ("P", "L", "RGB") and "transparency" in image.info:
-        image = image.convert("RGBA")
-    elif image.mode == "PA":
+    elif image.mode == "PA" or (image.mode in ("P", "L", "RGB") and "transparency" in image.info):
         image = image.convert("RGBA")
     if image.mode in _ALPHA_MODES:
         image = _on_black(image)

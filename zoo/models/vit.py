@@ -40,7 +40,7 @@ from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoin
 from torch import nn
 
 from .._validate import unknown_name
-from ..pretrained import WeightsError, check_state_dict, read_weights
+from .._weights import WeightsError, check_state_dict, read_weights
 from ..attention import attention_class, get_attention
 from ..attention._common import TIMM_ATTENTION_KEYS
 from .blocks import ReversibleSequence, block_class
@@ -312,16 +312,21 @@ class LoadReport:
 
 
 def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, source: str) -> dict[str, torch.Tensor]:
-    """timm's ViT filter (other key layouts converted, `pos_embed` resampled), then a `WeightsError` for what
-    loading cannot adapt: another architecture, width, depth, patch size or MLP width."""
+    """timm's ViT filter (other key layouts converted, `pos_embed` and a patch embedding of another patch size
+    resampled), then a `WeightsError` for what loading cannot adapt: another architecture, width, depth, MLP width."""
     try:
         fitted = vit_checkpoint_filter_fn(state, model)
-    except Exception as error:  # noqa: BLE001 - weights of another shape or layout: the check says which
+    except Exception as error:
+        # timm's filter fails in many ways on weights of another shape or layout: the check names what differs
         check_state_dict(model, state, source, adapt=True)
         raise WeightsError(f"{source}: timm's ViT conversion failed: {str(error).splitlines()[0]}") from None
-    # timm resamples a patch embedding of another patch size (FlexiViT); a zoo model takes only its own
-    patch = {k: state[k] for k in ("patch_embed.proj.weight",) if k in state and k in fitted}
-    check_state_dict(model, {**fitted, **patch}, source, adapt=True)
+    check_state_dict(model, fitted, source, adapt=True)
+    conv = "patch_embed.proj.weight"
+    if conv in state and conv in fitted and state[conv].shape[-2:] != fitted[conv].shape[-2:]:
+        _logger.warning(
+            "%s: patch embedding resampled from patch size %s to %s (FlexiViT)",
+            source, tuple(state[conv].shape[-2:]), tuple(fitted[conv].shape[-2:]),
+        )  # fmt: skip
     return fitted
 
 

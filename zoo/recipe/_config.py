@@ -8,12 +8,13 @@ Names that registries own are checked against them: ``model.attention`` (``zoo.a
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..attention import attention_options, get_attention
+from ..attention import attention_options, get_attention, list_attentions
 from ..data import get_dataset, list_datasets
 from ..metrics import METRICS
 from ..model_kinds import get_model_kind, list_model_kinds, model_kind_for
@@ -26,6 +27,7 @@ __all__ = [
     "DataConfig",
     "ModelConfig",
     "OptimConfig",
+    "PretrainConfig",
     "Recipe",
     "ScheduleConfig",
     "SequenceConfig",
@@ -179,7 +181,22 @@ class ModelConfig:
             problems.append(("ff_chunks", f"chunks the MLP of timm blocks; block 'gau' has none, got {self.ff_chunks}"))
         if self.block == "timm" and self.block_options:
             problems.append(("block_options", f"only block 'gau' takes options, got {self.block_options}"))
-        return problems
+        return problems + self._patch_problems()
+
+    def _patch_problems(self) -> list[tuple[str, str]]:
+        """A fixed image size must be a whole number of patches (timm refuses the first batch otherwise)."""
+        found = re.search(r"patch(\d+)", self.name)
+        patch = self.patch_size or (int(found.group(1)) if found else None)
+        padded = self.dynamic_img_size or self.timm_kwargs.get("dynamic_img_pad")
+        if self.kind != "vit" or patch is None or padded or self.img_size % patch == 0:
+            return []
+        where = "model.patch_size" if self.patch_size else f"from model.name {self.name!r}"
+        near = sorted({max(patch, self.img_size // patch * patch), -(-self.img_size // patch) * patch})
+        problem = (
+            f"must be a multiple of the patch size {patch} ({where}), got {self.img_size}: use "
+            f"{' or '.join(map(str, near))}, or set model.dynamic_img_size: true"
+        )
+        return [("img_size", problem)]
 
 
 @dataclass
@@ -237,6 +254,31 @@ class ScheduleConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """``train.pretrain``: self-pretraining on the task's own training inputs before fine-tuning (``zoo.pretrain``;
+    Amos et al. 2023, "Never Train from Scratch"). Token inputs only (``model.sequence.input`` tokens or dna)."""
+
+    # mlm: predict masked tokens, bidirectional attention; causal: predict the next token, is_causal attention
+    objective: Literal["mlm", "causal"] = "mlm"
+    # passes over the training split, or optimizer steps; with both set, whichever ends first
+    epochs: int | None = bounded(1, min=1)
+    steps: int | None = bounded(None, min=1)
+    # mlm only: the share of kept tokens masked (at least one per sequence)
+    mask_prob: float = bounded(0.15, min=0, max=1, min_exclusive=True, max_exclusive=True)
+    # null: optim.lr; warmed up over warmup_steps, then cosine to schedule.min_lr
+    lr: float | None = bounded(None, min=0, min_exclusive=True)
+    warmup_steps: int = bounded(0, min=0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.epochs is None and self.steps is None:
+            return [("epochs", "set epochs or steps (or both: whichever ends first), got both null")]
+        if self.objective != "mlm" and self.mask_prob != PretrainConfig.mask_prob:
+            problem = f"only objective 'mlm' masks tokens (objective is {self.objective!r})"
+            return [("mask_prob", f"{problem}; leave it out, got {self.mask_prob}")]
+        return []
+
+
+@dataclass
 class TrainConfig:
     epochs: int = bounded(10, min=1)
     max_steps: int | None = bounded(None, min=1)
@@ -247,6 +289,14 @@ class TrainConfig:
     eval_every_epochs: int = bounded(1, min=1)
     log_every_steps: int = bounded(10, min=1)
     checkpoint_every_steps: int | None = bounded(None, min=1)
+    # batches whose loss is NaN or inf that are skipped (no optimizer step) before the run stops with an error
+    # naming the step and the last good checkpoint; 0: the first one stops it
+    skip_nonfinite: int = bounded(0, min=0)
+    # self-pretraining before step 0 (null: none); see PretrainConfig
+    pretrain: PretrainConfig | None = None
+    # ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded over the
+    # processes, one FSDP2 unit per block (zoo.distributed); activation checkpointing is model.grad_checkpointing
+    distributed: Literal["ddp", "fsdp"] = "ddp"
 
 
 @dataclass
@@ -283,7 +333,28 @@ class Recipe:
         if self.train.label_smoothing and not task.label_smoothing:
             users = [name for name in list_tasks() if get_task(name).label_smoothing]
             problems.append(("train.label_smoothing", f"only task {_names(users)} uses it, got task {self.task!r}"))
-        return problems
+        return problems + self._pretrain_problems()
+
+    def _pretrain_problems(self) -> list[tuple[str, str]]:
+        """Self-pretraining predicts tokens: token inputs, a task that is not token prediction already, and an
+        attention with a causal mode for the causal objective."""
+        pretrain, model = self.train.pretrain, self.model
+        if pretrain is None:
+            return []
+        source = model.sequence.input if model.kind == "sequence" else f"model.kind {model.kind!r}"
+        if source not in ("tokens", "dna"):
+            problem = "predicts tokens: needs model.sequence.input 'tokens' or 'dna'"
+            return [("train.pretrain", f"{problem}, got {source!r}")]
+        if get_task(self.task).causal:
+            return [("train.pretrain", f"task {self.task!r} already predicts tokens; leave train.pretrain out")]
+        if self.train.distributed != "ddp":
+            problem = f"runs data-parallel only: needs train.distributed 'ddp', got {self.train.distributed!r}"
+            return [("train.pretrain", problem)]
+        if pretrain.objective == "causal" and not get_attention(model.attention.name).supports_causal:
+            causal = [name for name in list_attentions() if get_attention(name).supports_causal]
+            problem = f"attention {model.attention.name!r} has no causal mode; use 'mlm' or one of {_names(causal)}"
+            return [("train.pretrain.objective", f"{problem}, got 'causal'")]
+        return []
 
     def _model_problems(self) -> list[tuple[str, str]]:
         domain, kind = get_dataset(self.data.name).kind, self.model.kind

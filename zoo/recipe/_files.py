@@ -83,7 +83,8 @@ def _read_mapping(path: Path) -> dict:
         raise RecipeError(f"cannot read: {err.strerror}", source=str(path)) from None
     data = parse_yaml(text, str(path))
     if data is None:
-        return {}
+        # an empty file (or comments only) is not "every default": likely a file cut short or the wrong path
+        raise RecipeError("empty recipe: the file holds no settings (nor a base: line)", source=str(path))
     if not isinstance(data, dict):
         raise RecipeError(f"expected a mapping at the top level, got {type(data).__name__}", source=str(path))
     return data
