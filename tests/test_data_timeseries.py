@@ -45,7 +45,7 @@ def test_read_ts_unequal_multivariate_with_missing(tmp_path):
 def test_ts_dataset_pads_and_masks(tmp_path):
     path = tmp_path / "toy.ts"
     path.write_text(TS_FILE)
-    dataset = TsFileDataset(path)
+    dataset = TsFileDataset(path, nan="mask")
     sample = dataset[1]
     assert sample["values"].shape == (3, 2) and sample["values"].dtype == torch.float32
     # step 1 is missing in both channels: masked out and zero-filled

@@ -207,6 +207,9 @@ def test_shipped_recipes_are_valid(path):
 @pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("vit_*_1024.yaml")), ids=lambda path: path.stem)
 def test_each_1024_px_recipe_names_a_registered_variant(path):
     # Driven by the recipes that exist, not by the registry: a new variant needs no recipe to pass the suite.
-    name = load_recipe(path).model.attention.name
+    model = load_recipe(path).model
+    name = model.attention.name
     assert name in zoo.list_attentions()
-    assert path.stem == f"vit_{name}_1024"
+    # a per-block layout (ViTDet's global blocks) is named after its other attention: vit_window2d_global_1024
+    layout = f"_{model.global_attention.name.replace('softmax', 'global')}" if model.global_blocks else ""
+    assert path.stem == f"vit_{name}{layout}_1024"

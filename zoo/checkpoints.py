@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "check_checkpoint_weights",
     "check_recipe",
+    "fill_tied_weights",
     "find_checkpoint",
     "model_identity",
     "read_manifest",
@@ -45,6 +46,7 @@ _logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 WEIGHTS_NAME = "model.safetensors"
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 _FORMAT = 1
 # Recipe keys under `model` that change neither the weights' shapes nor what they compute: a checkpoint may be
 # resumed or evaluated with other values.
@@ -135,6 +137,9 @@ def verify_checkpoint(folder: Path) -> dict[str, Any] | None:
         size = path.stat().st_size
         if size != entry.get("size"):
             cut = " (truncated)" if size < entry.get("size", 0) else ""
+            with path.open("rb") as handle:
+                if handle.read(len(_LFS_POINTER)) == _LFS_POINTER:
+                    cut = ": a git-lfs pointer, not the file (run `git lfs pull`)"
             raise CheckpointError(f"{folder} is damaged: {name} has {size} bytes, {entry.get('size')} when saved{cut}")
         if _sha256(path) != entry.get("sha256"):
             raise CheckpointError(f"{folder} is damaged: the content of {name} changed since it was saved (sha256)")
@@ -205,7 +210,21 @@ def check_checkpoint_weights(model: nn.Module, folder: Path) -> None:
 
     path = Path(folder) / WEIGHTS_NAME
     if path.is_file():
-        check_state_dict(model, read_weights(path), path)
+        check_state_dict(model, fill_tied_weights(model, read_weights(path)), path)
+
+
+def fill_tied_weights(model: nn.Module, state: Mapping[str, Any]) -> dict[str, Any]:
+    """`state` with each weight that `model` ties to another (a language model's embeddings and head) present under
+    both names: safetensors stores such a weight once, under either."""
+    full, first = dict(state), {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if value.numel() == 0:
+            continue
+        pointer = (value.data_ptr(), tuple(value.shape))
+        source = first.setdefault(pointer, key)
+        if source != key and (key in full) != (source in full):
+            full[key] = full[source] = full.get(key, full.get(source))
+    return full
 
 
 def _fallback_hint(run_dir: Path, which: str) -> str:

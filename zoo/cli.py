@@ -133,10 +133,12 @@ def run_cli(main: Callable[[], object]) -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except Exception as error:
-        logged = _write_traceback(error)
+        user = _is_user_error(error)
+        # a bug's traceback is always kept; a user error's only in the run's log (no temporary file per typo)
+        logged = _write_traceback(error) if _log_file is not None or not user else None
         if _debug():
             raise
-        if _is_user_error(error):
+        if user:
             hint = " (lower data.batch_size or the model size)" if "OutOfMemoryError" in type(error).__name__ else ""
             print(f"error: {one_line(error)}{hint}", file=sys.stderr)
             sys.exit(2)

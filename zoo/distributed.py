@@ -11,8 +11,8 @@ checkpoint around each block, inside its unit): accelerate's `activation_checkpo
 restoring the random state, so drop path and dropout would draw other masks in the recompute.
 
 A checkpoint holds accelerate's sharded state (`pytorch_model_fsdp_0/`, `optimizer_0/`: torch.distributed.checkpoint
-files, loadable by another number of processes) and the whole weights in `model.safetensors`, as a `ddp`
-checkpoint does, for `tools/eval.py` and `zoo.pretrained`.
+files, one per process) and the whole weights in `model.safetensors`, as a `ddp` checkpoint does, for
+`tools/eval.py` and `zoo.pretrained`.
 
 FSDP needs several processes: with one, `fsdp` trains the whole model on that process, as `ddp` does. On the
 CPU (gloo), where accelerate 1.15 enables FSDP only for accelerator devices though FSDP2 runs there, the run is
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -33,11 +33,18 @@ from torch import Tensor, nn
 
 from ._validate import unknown_name
 
-__all__ = ["STRATEGIES", "Strategy", "build_accelerator", "is_sharded", "save_checkpoint", "shard_units", "whole_state"]
+__all__ = [
+    "STRATEGIES",
+    "build_accelerator",
+    "is_sharded",
+    "local_shard",
+    "save_checkpoint",
+    "shard_units",
+    "whole_state",
+]
 
 _logger = logging.getLogger(__name__)
 
-Strategy = Literal["ddp", "fsdp"]
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -108,7 +115,9 @@ def _plugin(mixed_precision: str) -> _BlockShardingPlugin:
     )
 
 
-def build_accelerator(distributed: str, *, cpu: bool = False, mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
+def build_accelerator(
+    distributed: str, *, cpu: bool = False, mixed_precision: str = "no", **kwargs: Any
+) -> Accelerator:
     """An `Accelerator` for strategy `distributed` (`ddp` or `fsdp`); the other arguments are the Accelerator's."""
     if distributed not in STRATEGIES:
         raise unknown_name("train.distributed", distributed, STRATEGIES)
@@ -149,6 +158,11 @@ def save_checkpoint(accelerator: Accelerator, model: nn.Module, directory: Path)
     if is_sharded(accelerator):
         # gathers every shard: a collective, so every process calls it
         accelerator.save_model(model, str(directory))
+
+
+def local_shard(tensor: Tensor) -> Tensor:
+    """This process's part of `tensor`: the local shard of a sharded parameter (a DTensor), else `tensor`."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def whole_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:

@@ -48,11 +48,12 @@ from .checkpoints import (
     write_manifest,
 )
 from .data import DataContext, build_dataset, collate_for, get_dataset
-from .distributed import build_accelerator, save_checkpoint, whole_state
+from .distributed import build_accelerator, local_shard, save_checkpoint, whole_state
 from .metrics import metrics_to_python
 from .model_kinds import get_model_kind
 from .pretrain import pretrain
 from .recipe import Recipe, save_recipe
+from .runs import copy_run_files, describe_model, write_description
 from .tasks import Task
 
 __all__ = [
@@ -253,6 +254,8 @@ class Trainer:
         train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
         self.num_classes = self.task.num_outputs(train_set)
         model = self.kind.build(recipe, train_set, self.task)
+        # what rebuilds the model without the data (runs/NAME/model.json, zoo.load_model)
+        self.description = describe_model(recipe, train_set, self.task)
         # self-pretraining (zoo.pretrain) once, before step 0; a resumed run loads its result instead
         pretrained = cfg.pretrain is not None and not self.resume
         if pretrained:
@@ -313,6 +316,7 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         if self.is_main:
             (tmp / "meta.json").write_text(json.dumps(self.state.state_dict()))
+            copy_run_files(self.run_dir, tmp)
             # last: a folder with a manifest was written to the end
             write_manifest(tmp, model=model_identity(self.recipe), state=self.state.state_dict())
             replace_dir(tmp, tmp.with_name(which))
@@ -352,6 +356,7 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_recipe(self.recipe, self.run_dir / "recipe.yaml")
+            write_description(self.run_dir, self.description)
         if self.resume:
             self._restore()
         elif self.state.pretrained:
@@ -399,9 +404,7 @@ class Trainer:
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
-                bar.set_postfix(
-                    loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=_rate(rate), refresh=False
-                )
+                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=_rate(rate), refresh=False)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -451,8 +454,12 @@ class Trainer:
                 f"{self._last_good_checkpoint()}; lower optim.lr, check the data, or set train.skip_nonfinite "
                 f"to skip up to that many such batches (now {allowed})"
             )
-        _logger.warning("non-finite loss at %s: batch skipped (%d of train.skip_nonfinite=%d)", where,
-                        self.state.skipped_batches, allowed)
+        _logger.warning(
+            "non-finite loss at %s: batch skipped (%d of train.skip_nonfinite=%d)",
+            where,
+            self.state.skipped_batches,
+            allowed,
+        )
         return False
 
     def _last_good_checkpoint(self) -> str:
@@ -465,8 +472,10 @@ class Trainer:
 
     def _weights_are_finite(self) -> bool:
         """Whether every weight is finite on every process (a finite loss can still overflow a gradient)."""
-        flags = [torch.isfinite(p.detach()).all() for p in self.model.parameters()]
-        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.accelerator.device)
+        flags = [torch.isfinite(local_shard(p.detach())).all() for p in self.model.parameters()]
+        bad = (
+            (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1, device=self.accelerator.device)
+        )
         if self.accelerator.num_processes > 1:
             bad = self.accelerator.reduce(bad, "sum")
         return not bad.item()
@@ -494,12 +503,14 @@ class Trainer:
         }
         self._log_eval(record)
         score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
-        is_best = score > self.state.best_metric
-        if is_best:
+        if score > self.state.best_metric:
             self.state.best_metric = score
-        self._save("last")
-        if is_best:
-            self._copy_checkpoint("last", "best")
+            # best first: a crash before `last` is replaced resumes before this evaluation and repeats it, where
+            # `last` first would resume past it with `best` never written
+            self._save("best")
+            self._copy_checkpoint("best", "last")
+        else:
+            self._save("last")
         return record
 
     def _finish(self, last_eval: dict) -> None:

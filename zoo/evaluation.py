@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import Dataset
 
-from .checkpoints import check_recipe, find_checkpoint, usable_checkpoint, verify_checkpoint
+from .checkpoints import check_recipe, fill_tied_weights, find_checkpoint, usable_checkpoint, verify_checkpoint
 from .engine import build_loader, build_split, evaluate, resolve_mixed_precision
 from .model_kinds import get_model_kind
 from .pretrained import check_state_dict, read_weights
@@ -58,10 +58,9 @@ def resolve_weights(run_dir: Path, checkpoint: str, recipe: Recipe | None = None
 def load_checked(model: nn.Module, weights: Path) -> None:
     """Load `weights` into `model` once they fit key by key and shape by shape (a one-line WeightsError naming
     what differs otherwise: another architecture, size, class count; a text file, a git-lfs pointer)."""
-    state = read_weights(weights)
+    state = fill_tied_weights(model, read_weights(weights))
     check_state_dict(model, state, weights)
-    # strict=False: a tied weight (a language model's embeddings) is stored once; check_state_dict allowed that
-    model.load_state_dict(state, strict=False)
+    model.load_state_dict(state)
 
 
 def plot_confusion(matrix: Sequence[Sequence[int]], path: Path, class_names: Sequence[str] | None = None) -> None:

@@ -5,6 +5,8 @@
 mode with its preprocessing attached (`timm.data.resolve_data_config(model=model)` gives its own input size, mean
 and std), `timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), **model_args)`
 reads the weights back, and the folder can go to the hub (`push_to_hub`, `load_model("hf-hub:owner/name")`).
+`load_model` also reads a run of tools/train.py (`runs/NAME`, a checkpoint folder in it, or its `model.safetensors`):
+the model is rebuilt from the run's `recipe.yaml` and `model.json` (`zoo.runs`) without its training data.
 Reading and checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `zoo._weights`.
 """
 
@@ -28,6 +30,8 @@ from torch import nn
 
 from ._validate import unknown_name
 from ._weights import WEIGHTS_NAME, WeightsError, _first_line, check_state_dict, read_weights
+from .checkpoints import check_recipe, find_checkpoint, verify_checkpoint
+from .runs import MODEL_FILE, RECIPE_FILE, SplitSizes, describe_model, read_description
 
 __all__ = [
     "WeightsError",
@@ -43,6 +47,7 @@ _logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
+CHECKPOINTS = ("best", "last")
 
 
 def model_args(model: nn.Module) -> dict[str, Any]:
@@ -146,11 +151,15 @@ def save_pretrained(
 ) -> Path:
     """Write `model.safetensors` and `config.json` (timm's hub layout) to `folder`; returns the folder.
 
-    `class_names`: one per output of the head (`label_names`, read back as `model.pretrained_cfg["label_names"]`).
-    `data_config`: the preprocessing the weights were trained with (`mean`, `std`, `interpolation`, `crop_pct`,
-    `crop_mode`); by default the architecture's. `extra`: more top-level JSON entries (e.g. the recipe's name).
+    `class_names`: one per output of the head (`label_names`, read back as `model.pretrained_cfg["label_names"]`);
+    by default the model's own (a run's class names). `data_config`: the preprocessing the weights were trained
+    with (`mean`, `std`, `interpolation`, `crop_pct`, `crop_mode`); by default the model's `pretrained_cfg` (a
+    run's own), else the architecture's. `extra`: more top-level JSON entries (e.g. the recipe's name).
     """
     args = model_args(model)
+    if class_names is None:
+        own = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+        class_names = own if own is not None and len(own) == args["num_classes"] else None
     config: dict[str, Any] = {
         "architecture": model.pretrained_cfg["architecture"],
         "num_classes": args["num_classes"],
@@ -196,28 +205,45 @@ def _write_atomically(path: Path, write) -> None:
             os.remove(temporary)
 
 
-def load_model(source: str | Path, **overrides: Any) -> nn.Module:
-    """The model saved by `save_pretrained`, in eval mode with its `pretrained_cfg` (input size, mean/std, crop,
-    `label_names`) attached, from: a folder (config.json + model.safetensors), its `model.safetensors` or
-    `config.json`, or `hf-hub:owner/name[@revision]`.
+def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any) -> nn.Module:
+    """The model saved by `save_pretrained` or trained by tools/train.py, in eval mode with its `pretrained_cfg`
+    (input size, mean/std, crop, `label_names`) attached, from: a folder (config.json + model.safetensors), its
+    `model.safetensors` or `config.json`, `hf-hub:owner/name[@revision]`, or a run: `runs/NAME` (its
+    `checkpoints/<checkpoint>`, `best` or `last`), a checkpoint folder, or the `model.safetensors` in one. A run's
+    model (ViT or 1-D) also gets `model.zoo_run`, the run's `model.json` (`zoo.runs`).
 
-    `overrides` change construction arguments (`img_size=512`, `attention='performer'`, `num_classes=3`, ...);
-    the weights are then adapted as pretrained weights are (`pos_embed` resampled, a new head, a variant's own
-    attention parameters initialised). Without overrides they must fit exactly.
+    `overrides` change construction arguments of a ViT (`img_size=512`, `attention='performer'`, `num_classes=3`,
+    ...); the weights are then adapted as pretrained weights are (`pos_embed` resampled, a new head, a variant's
+    own attention parameters initialised). Without overrides they must fit exactly.
     """
     if isinstance(source, str) and source.startswith("hf-hub:"):
         config_path, weights = _from_hub(source.removeprefix("hf-hub:"))
+        config = _read_config(config_path)
     else:
-        config_path, weights = _local_source(Path(source).expanduser())
-    config = _read_config(config_path)
+        found = _local_source(Path(source).expanduser(), checkpoint)
+        if isinstance(found, _Run):
+            model = _load_run(found)
+            if not overrides:
+                return model
+            config_path, weights, config = found.home / MODEL_FILE, found.weights, _run_config(model, found)
+        else:
+            config_path, weights = found
+            config = _read_config(config_path)
     args = {**config["model_args"], **overrides}
     architecture = config["architecture"]
     if not timm.is_model(architecture):
         raise unknown_name(f"architecture in {config_path}:", architecture, timm.list_models("zoo_*"))
+    if args.get("num_classes") != config["model_args"].get("num_classes"):
+        # a new head: the saved class names name other outputs
+        config = {**config, "label_names": None}
     cfg = _pretrained_cfg(config, config_path)
     if overrides:
         cfg["file"] = str(weights)
         model = timm.create_model(architecture, pretrained=True, pretrained_cfg=cfg, **args)
+        # the preprocessing of the rebuilt model: its own input size and class count, the weights' normalisation
+        rebuilt = {"architecture": architecture, "pretrained_cfg": _data_config(model, model_args(model), None)}
+        rebuilt["label_names"] = config.get("label_names")
+        model.pretrained_cfg = model.default_cfg = _pretrained_cfg(rebuilt, config_path)
     else:
         model = timm.create_model(architecture, pretrained_cfg=cfg, **args)
         state = read_weights(weights)
@@ -226,14 +252,25 @@ def load_model(source: str | Path, **overrides: Any) -> nn.Module:
     return model.eval()
 
 
-def _local_source(path: Path) -> tuple[Path, Path]:
-    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files.
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """A run's model: the folder holding its recipe.yaml (and model.json), its checkpoint folder and weights."""
 
-    The one place that decides what a path is: a run directory of tools/train.py (recipe.yaml) would be a branch
-    here."""
+    home: Path
+    checkpoint: Path
+    weights: Path
+
+
+def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | _Run:
+    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files; or the run `path`
+    belongs to: a run directory of tools/train.py (recipe.yaml), one of its checkpoint folders, or the weights in
+    one. The one place that decides what a path is."""
     folder = path if path.is_dir() else path.parent
     if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME) and path.suffix != ".safetensors":
-        raise ValueError(f"{path}: load_model reads a save_pretrained folder (config.json + model.safetensors)")
+        raise ValueError(
+            f"{path}: load_model reads a save_pretrained folder (config.json + model.safetensors) or a run directory "
+            "of tools/train.py"
+        )
     if (folder / CONFIG_NAME).is_file():
         weights = path if path.suffix == ".safetensors" else folder / WEIGHTS_NAME
         if not weights.is_file():
@@ -241,12 +278,92 @@ def _local_source(path: Path) -> tuple[Path, Path]:
         return folder / CONFIG_NAME, weights
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    what = "a run directory of tools/train.py" if (folder / "recipe.yaml").is_file() else "no config.json"
+    run = _find_run(path, folder, checkpoint)
+    if run is not None:
+        return run
     raise ValueError(
-        f"{path}: {what}; load_model reads a folder written by zoo.save_pretrained (config.json + model.safetensors)"
+        f"{path}: no config.json and no recipe.yaml; load_model reads a folder written by zoo.save_pretrained "
+        f"(config.json + model.safetensors) or a run directory of tools/train.py"
         f"{'' if path.is_dir() else ' beside the weights'}; bare timm weights load with "
         "zoo.create_model(name, ..., pretrained_file=PATH)"
     )
+
+
+def _find_run(path: Path, folder: Path, checkpoint: str) -> _Run | None:
+    """The run of a run directory, a checkpoint folder (its own copies of the run's files, else the run's two
+    levels up) or the weights in one; None when `path` is none of them."""
+    if path.is_dir() and (path / RECIPE_FILE).is_file() and not (path / WEIGHTS_NAME).is_file():
+        if checkpoint not in CHECKPOINTS:
+            raise unknown_name("checkpoint", checkpoint, CHECKPOINTS)
+        found = find_checkpoint(path, checkpoint)
+        if found is None:
+            others = [name for name in CHECKPOINTS if name != checkpoint and find_checkpoint(path, name)]
+            hint = f" (it holds {', '.join(others)}: pass checkpoint={others[0]!r})" if others else ""
+            raise FileNotFoundError(f"{path} is a run directory without a {checkpoint!r} checkpoint{hint}")
+        return _Run(found if (found / RECIPE_FILE).is_file() else path, found, found / WEIGHTS_NAME)
+    weights = path if path.is_file() else folder / WEIGHTS_NAME
+    for home in (folder, folder.parent.parent):
+        if (home / RECIPE_FILE).is_file():
+            if not weights.is_file():
+                raise FileNotFoundError(f"{folder} is part of the run {home} but holds no {WEIGHTS_NAME}")
+            return _Run(home, folder, weights)
+    return None
+
+
+def _load_run(run: _Run) -> nn.Module:
+    """The run's model built by its model kind from the recipe and model.json, with the checkpoint's weights
+    (verified against its manifest and the recipe first), its description attached."""
+    from .model_kinds import get_model_kind
+    from .recipe import load_recipe
+
+    recipe_path = run.home / RECIPE_FILE
+    recipe = load_recipe(recipe_path)
+    # the checkpoint holds every weight: none is fetched again
+    recipe = dataclasses.replace(
+        recipe, model=dataclasses.replace(recipe.model, pretrained=False, pretrained_file=None)
+    )
+    check_recipe(verify_checkpoint(run.checkpoint), recipe, run.checkpoint, str(recipe_path))
+    description = read_description(run.home) or _describe_from_data(recipe, run.home)
+    kind = get_model_kind(recipe.model.kind)
+    model = kind.build(recipe, SplitSizes(description["sizes"]), kind.task(recipe))
+    state = read_weights(run.weights)
+    check_state_dict(model, state, run.weights)
+    model.load_state_dict(state, strict=False)
+    model.zoo_run = description
+    if description.get("pretrained_cfg") is not None:
+        stored = description["pretrained_cfg"]
+        cfg = _data_config(model, model_args(model), {k: stored[k] for k in _DATA_KEYS if k in stored})
+        config = {"architecture": model.pretrained_cfg["architecture"], "pretrained_cfg": cfg}
+        config["label_names"] = description.get("label_names")
+        model.pretrained_cfg = model.default_cfg = _pretrained_cfg(config, run.home / MODEL_FILE)
+    return model.eval()
+
+
+def _describe_from_data(recipe, home: Path) -> dict[str, Any]:
+    """model.json's content for a run trained before zoo wrote it, from the recipe's training split."""
+    from .engine import build_split
+    from .model_kinds import get_model_kind
+
+    _logger.warning(
+        "%s has no %s (trained by an older zoo): the model's sizes are read from its training split", home, MODEL_FILE
+    )
+    return describe_model(recipe, build_split(recipe, "train"), get_model_kind(recipe.model.kind).task(recipe))
+
+
+def _run_config(model: nn.Module, run: _Run) -> dict[str, Any]:
+    """A save_pretrained config of a run's ViT, to rebuild it with other construction arguments."""
+    if not hasattr(model, "zoo_args"):
+        raise ValueError(
+            f"{run.home}: construction overrides rebuild ViT models; this run's model is a {type(model).__name__} "
+            f"(model.kind {model.zoo_run['kind']!r}): load it without overrides"
+        )
+    cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in ("label_names", "architecture")}
+    return {
+        "architecture": model.pretrained_cfg["architecture"],
+        "model_args": model_args(model),
+        "pretrained_cfg": cfg,
+        "label_names": model.pretrained_cfg.get("label_names"),
+    }
 
 
 def _read_config(path: Path) -> dict[str, Any]:

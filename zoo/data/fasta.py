@@ -1,5 +1,9 @@
 """Users' DNA files, never downloaded: FASTA / FASTA.gz (``FastaDataset``, one class per file or per folder, records
-cut into windows) and the Genomic Benchmarks layout (``GenomicBenchmarksDataset``), both read from ``data.root``."""
+cut into windows) and the Genomic Benchmarks layout (``GenomicBenchmarksDataset``), both read from ``data.root``.
+
+Every sequence is checked against the IUPAC nucleotide alphabet (``zoo.data.nucleotides.check_nucleotides``): a
+protein or binary file is an error naming the file and its first offending record, a truncated ``.gz`` one naming
+the file."""
 
 import os
 import re
@@ -11,7 +15,7 @@ import torch
 
 from .._validate import check_int
 from ._registry import DataContext, register_dataset
-from .nucleotides import DNASamples, DNATokenizer, encode_nucleotides, read_fasta, read_sequence_file
+from .nucleotides import DNASamples, DNATokenizer, check_nucleotides, read_fasta, read_sequence_file
 from .sequence import window_starts
 
 __all__ = ["FastaDataset", "FastaOptions", "GenomicBenchmarksDataset", "GenomicBenchmarksOptions"]
@@ -133,7 +137,7 @@ class GenomicBenchmarksDataset(DNASamples):
             if class_dir.name not in self.classes:
                 raise ValueError(f"class folder {str(class_dir)!r} is not a class of {str(index_dir)!r}")
             for path in sorted(class_dir.glob("*.txt")):
-                codes = encode_nucleotides(read_sequence_file(path).translate(None, b" \t\r\n"))
+                codes = check_nucleotides(read_sequence_file(path), repr(str(path)))
                 self.sequences.append(codes[: self.max_length])
                 self.labels.append(self.classes.index(class_dir.name))
         if not self.sequences:

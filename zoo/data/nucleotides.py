@@ -6,10 +6,17 @@ one last id for any k-mer holding another letter (N, IUPAC codes). For k=1: ``A=
 
 Samples are dicts: ``tokens`` int64 ``[N]``, ``mask`` bool ``[N]`` (True = keep), and ``label`` int64 ``[]``
 or ``labels`` int64 ``[N]``; batch them with ``zoo.data.sequence.PadCollate``.
+
+Users' sequences are checked against the IUPAC nucleotide alphabet (``check_nucleotides``), any case: A C G T, U
+(RNA, read as T), N and the ambiguity codes R Y S W K M B D H V (read as N); alignment gaps ``-`` and ``.`` are
+dropped (the sequence without them); whitespace is ignored. Any other character (a protein's E F I L P Q, a digit,
+binary bytes) is an error naming the file, the record and the position, and so is a record most of whose letters
+are ambiguity codes (a protein written only in letters that are also IUPAC codes).
 """
 
 import gzip
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +25,14 @@ from torch.utils.data import Dataset
 
 __all__ = [
     "CLS_ID",
+    "IUPAC_CODES",
     "MASK_ID",
     "NUCLEOTIDES",
     "PAD_ID",
     "DNASamples",
     "DNATokenizer",
     "ReverseComplement",
+    "check_nucleotides",
     "encode_nucleotides",
     "read_fasta",
     "read_sequence_file",
@@ -37,15 +46,50 @@ NUCLEOTIDES = "ACGT"
 # nucleotide codes used inside this module: A=0 C=1 G=2 T=3, anything else 4 (lower case = soft-masked, same base)
 OTHER_CODE = 4
 _CODE_OF_BYTE = np.full(256, OTHER_CODE, dtype=np.uint8)
-for _code, _base in enumerate(NUCLEOTIDES):
-    _CODE_OF_BYTE[ord(_base)] = _CODE_OF_BYTE[ord(_base.lower())] = _code
+for _code, _base in enumerate(NUCLEOTIDES + "U"):
+    # U (RNA) is T
+    _CODE_OF_BYTE[ord(_base)] = _CODE_OF_BYTE[ord(_base.lower())] = min(_code, 3)
 _COMPLEMENT = np.array([3, 2, 1, 0, OTHER_CODE], dtype=np.uint8)
+
+# IUPAC nucleotide codes: bases, N (any base), ambiguity codes; gaps and whitespace are dropped before encoding
+IUPAC_CODES = "ACGTUNRYSWKMBDHV"
+_AMBIGUOUS = "RYSWKMBDHV"
+_GAPS, _WHITESPACE = b"-.", b" \t\r\n\v\f"
+_INVALID, _BASE, _AMBIGUITY, _GAP = 0, 1, 2, 3
+_KIND_OF_BYTE = np.full(256, _INVALID, dtype=np.uint8)
+for _letter in IUPAC_CODES:
+    _KIND_OF_BYTE[[ord(_letter), ord(_letter.lower())]] = _AMBIGUITY if _letter in _AMBIGUOUS else _BASE
+_KIND_OF_BYTE[list(_GAPS)] = _GAP
 
 
 def encode_nucleotides(sequence: str | bytes) -> np.ndarray:
     """Letters -> uint8 codes ``[L]`` (A=0 C=1 G=2 T=3, other=4); case-insensitive, no whitespace allowed."""
     raw = sequence.encode("ascii", "replace") if isinstance(sequence, str) else bytes(sequence)
     return _CODE_OF_BYTE[np.frombuffer(raw, dtype=np.uint8)]
+
+
+def check_nucleotides(raw: bytes, where: str) -> np.ndarray:
+    """IUPAC letters -> uint8 codes ``[L]`` as ``encode_nucleotides``, gaps and whitespace dropped, once every
+    character is a IUPAC code and at most half the letters ambiguity codes; a ValueError naming ``where`` (the file
+    and record) and the first bad character otherwise."""
+    body = np.frombuffer(raw.translate(None, _WHITESPACE), dtype=np.uint8)
+    kinds = _KIND_OF_BYTE[body]
+    invalid = np.flatnonzero(kinds == _INVALID)
+    if len(invalid):
+        at = int(invalid[0])
+        char = bytes(body[at : at + 1]).decode("latin-1")
+        share = f"{len(invalid) / len(body):.0%} of its characters are not" if len(invalid) > 1 else "not"
+        raise ValueError(
+            f"{where}: {char!r} at position {at + 1} is not a nucleotide ({share} IUPAC codes "
+            f"{IUPAC_CODES}, any case; gaps - and .): is it a protein or binary file?"
+        )
+    letters, ambiguous = int((kinds != _GAP).sum()), int((kinds == _AMBIGUITY).sum())
+    if ambiguous * 2 > letters:
+        raise ValueError(
+            f"{where}: {ambiguous} of its {letters} letters are ambiguity codes ({_AMBIGUOUS}), not bases: "
+            "is it a protein file?"
+        )
+    return _CODE_OF_BYTE[body[kinds != _GAP]]
 
 
 def reverse_complement(codes: np.ndarray) -> np.ndarray:
@@ -134,24 +178,33 @@ class ReverseComplement:
 
 
 def read_sequence_file(path: str | os.PathLike) -> bytes:
-    """Whole file, gunzipped when it starts with the gzip magic; FileNotFoundError names the path."""
+    """Whole file, gunzipped when it starts with the gzip magic; FileNotFoundError names the path, a ValueError a
+    truncated or corrupt gzip file."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"sequence file {str(path)!r} does not exist")
     raw = path.read_bytes()
-    return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as error:
+        reason = "truncated (a copy or download cut short?)" if isinstance(error, EOFError) else f"corrupt ({error})"
+        raise ValueError(f"{str(path)!r}: gzip file {reason}") from None
 
 
 def read_fasta(path: str | os.PathLike) -> list[tuple[str, np.ndarray]]:
-    """Records of a FASTA or FASTA.gz file as ``(header, codes uint8 [L])``, in file order."""
+    """Records of a FASTA or FASTA.gz file as ``(header, codes uint8 [L])``, in file order, each checked by
+    ``check_nucleotides`` (an error names the file and the first bad record)."""
     text = read_sequence_file(path)
     if not text.lstrip().startswith(b">"):
         raise ValueError(f"{str(path)!r} is not a FASTA file: it does not start with a '>' header")
     records = []
-    for chunk in text.lstrip()[1:].split(b"\n>"):
+    for number, chunk in enumerate(text.lstrip()[1:].split(b"\n>"), start=1):
         header, _, body = chunk.partition(b"\n")
-        codes = _CODE_OF_BYTE[np.frombuffer(body.translate(None, b" \t\r\n"), dtype=np.uint8)]
-        records.append((header.decode(errors="replace").strip(), codes))
+        name = header.decode(errors="replace").strip()
+        shown = name if len(name) <= 40 else name[:37] + "..."
+        records.append((name, check_nucleotides(body, f"{str(path)!r} record {number} ('>{shown}')")))
     return records
 
 

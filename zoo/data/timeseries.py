@@ -6,9 +6,13 @@ parser, after checking the name against the bundled list (sktime's loaders silen
 
 Samples: ``values`` float32 ``[N, C]``, ``mask`` bool ``[N]`` (True = keep; False at steps where every channel is
 missing), ``label`` int64 ``[]``; series of unequal length are padded by ``zoo.data.sequence.PadCollate``.
+
+Every value is read strictly (``zoo.data._tables``): a cell that is not a number is an error naming the file, line
+and column, and a missing value (``?`` in .ts files; empty, NA, NaN... in CSV files) inside a series follows the
+``nan`` option: ``error`` (default), ``mask`` or ``interpolate``. A series simply shorter than others is not missing
+values (a .ts case of fewer values, a CSV row ending early).
 """
 
-import csv
 import importlib.util
 import os
 from collections.abc import Sequence
@@ -23,6 +27,7 @@ from torch.utils.data import Dataset
 
 from .._validate import did_you_mean
 from ._registry import DataContext, register_dataset
+from ._tables import NanPolicy, apply_nan_policy, parse_cells, read_table
 from .sequence import check_split, stratified_split
 
 __all__ = [
@@ -35,7 +40,6 @@ __all__ = [
     "TsFileDataset",
     "UCROptions",
     "bundled_ucr_names",
-    "read_csv",
     "read_ts",
 ]
 
@@ -52,22 +56,33 @@ class TsData(NamedTuple):
     header: dict[str, str]  # @key -> value, keys lower case
 
 
-def _parse_case(line: str, has_label: bool) -> tuple[np.ndarray, str | None]:
-    """One data line ``d1v1,d1v2,...:d2v1,...[:label]`` -> float64 ``[C, N]`` (NaN-padded dims) and label."""
+def _parse_case(line: str, has_label: bool, where: str, nan: str) -> tuple[np.ndarray, str | None]:
+    """One data line ``d1v1,d1v2,...:d2v1,...[:label]`` -> float64 ``[C, N]`` (dims NaN-padded to the longest)
+    and label; missing values (``?``) inside a dim follow ``nan``. ``where``: ``'<file>' line <n>`` for errors."""
     fields = line.split(":")
     label = fields.pop().strip() if has_label else None
-    dims = [np.array(f.replace("?", "nan").split(","), dtype=np.float64) if f.strip() else np.zeros(0) for f in fields]
+    dims = []
+    for channel, text in enumerate(fields):
+        cells = text.split(",") if text.strip() else []
+
+        def cell(i: int, channel: int = channel) -> str:
+            return f"{where}, dimension {channel + 1}, value {i + 1}"
+
+        dims.append(apply_nan_policy(parse_cells(cells, cell), nan, cell))
+    if not dims:
+        raise ValueError(f"{where}: no values before the label")
     values = np.full((len(dims), max(len(d) for d in dims)), np.nan)
     for channel, dim in enumerate(dims):
         values[channel, : len(dim)] = dim
     return values, label
 
 
-def read_ts(path: str | os.PathLike) -> TsData:
-    """Parse a UCR/UEA ``.ts`` file (sktime's format, without time stamps).
+def read_ts(path: str | os.PathLike, *, nan: NanPolicy = "mask") -> TsData:
+    """Parse a UCR/UEA ``.ts`` file (sktime's format, without time stamps); missing values (``?``) follow ``nan``
+    (``mask``: kept as NaN).
 
     Raises:
-        FileNotFoundError: naming ``path``; ValueError: a malformed file, with the line number.
+        FileNotFoundError: naming ``path``; ValueError: a malformed file, with the line (and value) number.
     """
     path = Path(path)
     if not path.is_file():
@@ -88,10 +103,7 @@ def read_ts(path: str | os.PathLike) -> TsData:
             if header.get("timestamps", "false").lower() == "true":
                 raise ValueError(f"{str(path)!r}: time-stamped .ts files are not supported")
             has_label = _flag(header, "classlabel") or _flag(header, "targetlabel")
-            try:
-                values, label = _parse_case(line, has_label)
-            except ValueError as err:
-                raise ValueError(f"{str(path)!r} line {number}: {err}") from err
+            values, label = _parse_case(line, has_label, f"{str(path)!r} line {number}", nan)
             series.append(values)
             if label is not None:
                 labels.append(label)
@@ -155,10 +167,18 @@ def _label_indices(labels: Sequence[str], classes: Sequence[str], source: str) -
 
 
 class TsFileDataset(SeriesDataset):
-    """A users' ``.ts`` classification file; classes from its @classLabel line unless ``classes`` is given."""
+    """A users' ``.ts`` classification file; classes from its @classLabel line unless ``classes`` is given;
+    missing values (``?``) follow ``nan`` (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, *, classes: Sequence[str] | None = None, znorm: bool = False):
-        data = read_ts(path)
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        classes: Sequence[str] | None = None,
+        znorm: bool = False,
+        nan: NanPolicy = "error",
+    ):
+        data = read_ts(path, nan=nan)
         classes = tuple(classes) if classes is not None else data.class_names
         if classes is None:
             raise ValueError(
@@ -170,8 +190,10 @@ class TsFileDataset(SeriesDataset):
 class CsvSeriesDataset(SeriesDataset):
     """Univariate series in a CSV file with a header: one series per row, a label column, the rest time steps.
 
-    Empty cells (e.g. at the end of shorter rows) and NaN are missing. Classes are the sorted labels of the
-    file unless ``classes`` is given (pass the training classes when reading a test file).
+    A row may end early (empty cells at its end, or fewer cells): a shorter series. A missing value inside a row
+    (empty, NA, NaN, ...) follows ``nan`` (see the module docstring); a cell that is not a number is an error naming
+    its line and column. Classes are the sorted labels of the file unless ``classes`` is given (pass the training
+    classes when reading a test file).
     """
 
     def __init__(
@@ -181,35 +203,29 @@ class CsvSeriesDataset(SeriesDataset):
         label_column: str = "label",
         classes: Sequence[str] | None = None,
         znorm: bool = False,
+        nan: NanPolicy = "error",
     ):
-        header, rows = read_csv(path)
-        if label_column not in header:
-            raise ValueError(f"label column {label_column!r} not in the header of {str(path)!r}: {header}")
-        at = header.index(label_column)
-        labels = [row[at].strip() for row in rows]
-        series = []
-        for number, row in enumerate(rows, start=2):
-            cells = [cell.strip() for i, cell in enumerate(row) if i != at]
-            while cells and not cells[-1]:
-                cells.pop()
-            try:
-                series.append(np.array([c if c else "nan" for c in cells], dtype=np.float64)[None, :])
-            except ValueError as err:
-                raise ValueError(f"{str(path)!r} line {number}: {err}") from err
+        table = read_table(path, ragged=True)
+        at = table.column(label_column, "label column")
+        labels, series = [], []
+        for row, cells in enumerate(table.rows):
+            label = cells[at].strip() if at < len(cells) else ""
+            if not label:
+                raise ValueError(f"{table.where(row, at)}: the label is empty")
+            labels.append(label)
+            steps = [i for i in range(len(cells)) if i != at]
+            while steps and not cells[steps[-1]].strip():
+                steps.pop()
+            if not steps:
+                raise ValueError(f"{table.path!r} line {table.lines[row]}: the row holds a label but no values")
+
+            def where(i: int, row: int = row, steps: list[int] = steps) -> str:
+                return table.where(row, steps[i])
+
+            values = parse_cells([cells[i] for i in steps], where)
+            series.append(apply_nan_policy(values, nan, where)[None, :])
         classes = tuple(classes) if classes is not None else tuple(sorted(set(labels)))
-        super().__init__(series, _label_indices(labels, classes, repr(str(path))), classes, znorm=znorm)
-
-
-def read_csv(path: str | os.PathLike) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of a CSV file; FileNotFoundError names the path."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"CSV file {str(path)!r} does not exist")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = [row for row in csv.reader(f) if row]
-    if len(rows) < 2:
-        raise ValueError(f"{str(path)!r} needs a header line and at least one row")
-    return [name.strip() for name in rows[0]], rows[1:]
+        super().__init__(series, _label_indices(labels, classes, repr(table.path)), classes, znorm=znorm)
 
 
 def _sktime_data_dir() -> Path:
@@ -252,7 +268,9 @@ class UCR(SeriesDataset):
     fixed seed; train the rest of TRAIN. Unequal lengths (PLAID, JapaneseVowels) are padded and masked.
     """
 
-    def __init__(self, name: str, split: str, *, val_fraction: float = 0.2, znorm: bool = False):
+    def __init__(
+        self, name: str, split: str, *, val_fraction: float = 0.2, znorm: bool = False, nan: NanPolicy = "error"
+    ):
         names = bundled_ucr_names()
         if name not in names:
             raise ValueError(
@@ -263,7 +281,7 @@ class UCR(SeriesDataset):
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
         self.name, self.split = name, check_split(split)
         file_split = "TEST" if split == "test" else "TRAIN"
-        data = read_ts(_sktime_data_dir() / name / f"{name}_{file_split}.ts")
+        data = read_ts(_sktime_data_dir() / name / f"{name}_{file_split}.ts", nan=nan)
         labels = np.array(_label_indices(data.labels, data.class_names, name))
         rows = np.arange(len(labels))
         if split != "test":
@@ -286,12 +304,14 @@ class UCROptions:
     val_fraction: float = field(default=0.2, metadata={"min": 0, "max": 1, "max_exclusive": True})
     # standardise each channel of each series over its observed steps
     znorm: bool = False
+    # missing values: error (the first one named), mask (masked out) or interpolate (linear, along time)
+    nan: NanPolicy = "error"
 
 
 @register_dataset("ucr", options=UCROptions, kind="series", tasks=("classification",))
 def build_ucr(options: UCROptions, context: DataContext) -> UCR:
     """A UCR/UEA classification set bundled with sktime, by data.options.ucr_name."""
-    return UCR(options.ucr_name, context.split, val_fraction=options.val_fraction, znorm=options.znorm)
+    return UCR(options.ucr_name, context.split, val_fraction=options.val_fraction, znorm=options.znorm, nan=options.nan)
 
 
 @dataclass(kw_only=True)
@@ -299,6 +319,8 @@ class SeriesFileOptions:
     """``data.options`` of ts."""
 
     znorm: bool = False
+    # missing values (?): error (the first one named), mask (masked out) or interpolate (linear, along time)
+    nan: NanPolicy = "error"
 
 
 @register_dataset("ts", options=SeriesFileOptions, kind="series", tasks=("classification",), root="required")
@@ -306,7 +328,8 @@ def build_ts(options: SeriesFileOptions, context: DataContext) -> TsFileDataset:
     """Your .ts files data.root/<split>.ts, classes indexed from train.ts."""
     # classes from the training file, so that every split indexes them alike
     classes = read_ts(_split_file(context.root, "train", ".ts")).class_names
-    return TsFileDataset(_split_file(context.root, context.split, ".ts"), classes=classes, znorm=options.znorm)
+    path = _split_file(context.root, context.split, ".ts")
+    return TsFileDataset(path, classes=classes, znorm=options.znorm, nan=options.nan)
 
 
 @dataclass(kw_only=True)
@@ -315,15 +338,19 @@ class CsvOptions:
 
     label_column: str = "label"
     znorm: bool = False
+    # missing values inside a row: error (the first one named), mask (masked out) or interpolate (linear)
+    nan: NanPolicy = "error"
 
 
 @register_dataset("csv", options=CsvOptions, kind="series", tasks=("classification",), root="required")
 def build_csv(options: CsvOptions, context: DataContext) -> CsvSeriesDataset:
     """Your CSV files data.root/<split>.csv, one series per row, classes indexed from train.csv."""
-    classes = CsvSeriesDataset(_split_file(context.root, "train", ".csv"), label_column=options.label_column).classes
+    train = _split_file(context.root, "train", ".csv")
+    classes = CsvSeriesDataset(train, label_column=options.label_column, nan=options.nan).classes
     return CsvSeriesDataset(
         _split_file(context.root, context.split, ".csv"),
         label_column=options.label_column,
         classes=classes,
         znorm=options.znorm,
+        nan=options.nan,
     )

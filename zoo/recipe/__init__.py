@@ -31,6 +31,7 @@ YAML is read with the YAML 1.2 rules for booleans and floats: only ``true``/``fa
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -119,5 +120,8 @@ def save_recipe(recipe: Recipe, path: str | Path) -> Path:
     recipe_from_dict(data, source=str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
-    path.write_text(text, encoding="utf-8")
+    # through a temporary file: a run killed while writing never leaves half a recipe beside its checkpoints
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path

@@ -1,0 +1,244 @@
+"""A run is a model: tools/train.py records what rebuilds it (model.json beside recipe.yaml and in every checkpoint)
+and zoo.load_model reads a run directory, a checkpoint folder or its weights without the training data (tiny ViT
+and 1-D runs trained in tmp_path)."""
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from accelerate.state import AcceleratorState
+from safetensors.torch import load_model as load_safetensors
+from timm.data import resolve_data_config
+
+import zoo
+from zoo import engine
+from zoo.checkpoints import CheckpointError
+from zoo.engine import Trainer, build_split
+from zoo.model_kinds import get_model_kind
+from zoo.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("no_network")
+
+VIT = {
+    "name": "tiny",
+    "seed": 3,
+    "model": {
+        "name": "vit_tiny_patch16_224",
+        "img_size": 32,
+        "patch_size": 8,
+        "embed_dim": 32,
+        "depth": 1,
+        "num_heads": 2,
+        "attention": {"name": "performer", "options": {"nb_features": 16}},
+    },
+    "data": {
+        "name": "megamnist",
+        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
+        "train_samples": 32,
+        "val_samples": 16,
+        "test_samples": 16,
+        "batch_size": 8,
+        "num_workers": 0,
+    },
+    "train": {"epochs": 1, "mixed_precision": "no"},
+}
+# Shrinks a shipped 1-D recipe to seconds.
+TINY_1D = [
+    "model.embed_dim=16",
+    "model.depth=1",
+    "model.num_heads=2",
+    "data.num_workers=0",
+    "train.epochs=1",
+    "train.max_steps=2",
+    "train.mixed_precision=no",
+    "schedule.warmup_steps=1",
+]
+
+
+def train(recipe, run_dir: Path) -> Path:
+    AcceleratorState._reset_state(reset_partial_state=True)
+    Trainer(recipe, run_dir).fit()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return run_dir
+
+
+def vit_recipe(tmp_path: Path, **changes):
+    tree = yaml.safe_load(yaml.safe_dump(VIT))
+    for key, value in changes.items():
+        tree[key] = {**tree[key], **value}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return load_recipe(path)
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("vit")
+    return train(vit_recipe(folder), folder / "run")
+
+
+def reference(run_dir: Path, which: str = "best") -> torch.nn.Module:
+    """The run's model as tools/eval.py builds it: sized from the training split, the checkpoint loaded."""
+    recipe = load_recipe(run_dir / "recipe.yaml")
+    kind = get_model_kind(recipe.model.kind)
+    model = kind.build(recipe, build_split(recipe, "train"), kind.task(recipe))
+    load_safetensors(model, str(run_dir / "checkpoints" / which / "model.safetensors"))
+    return model.eval()
+
+
+def images(size: int = 32) -> torch.Tensor:
+    return torch.rand(3, 1, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def test_the_run_records_what_rebuilds_its_model(vit_run):
+    description = json.loads((vit_run / "model.json").read_text())
+    assert description["kind"] == "vit" and description["task"] == "classification"
+    assert description["label_names"] == [str(d) for d in range(10)]
+    assert description["sizes"] == {"num_classes": 10, "in_chans": 1}
+    cfg = description["pretrained_cfg"]
+    assert cfg["input_size"] == [1, 32, 32] and cfg["mean"] == [0.0] and cfg["std"] == [1.0]
+    assert cfg["crop_pct"] == 1.0
+    for which in ("best", "last"):
+        folder = vit_run / "checkpoints" / which
+        assert (folder / "model.json").read_text() == (vit_run / "model.json").read_text()
+        assert (folder / "recipe.yaml").read_text() == (vit_run / "recipe.yaml").read_text()
+        assert {"model.json", "recipe.yaml"} <= set(json.loads((folder / "manifest.json").read_text())["files"])
+
+
+def test_load_model_reads_a_run_without_its_training_data(vit_run, monkeypatch):
+    expected = reference(vit_run)(images())
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the training data was read")
+
+    monkeypatch.setattr(engine, "build_split", no_data)
+    monkeypatch.setattr(engine, "build_dataset", no_data)
+    model = zoo.load_model(vit_run)
+    assert not model.training
+    torch.testing.assert_close(model(images()), expected, rtol=0, atol=0)
+    assert model.pretrained_cfg["label_names"] == tuple(str(d) for d in range(10))
+    assert model.zoo_run["sizes"]["num_classes"] == 10
+
+
+def test_timm_resolves_the_runs_own_preprocessing(vit_run):
+    config = resolve_data_config(model=zoo.load_model(vit_run))
+    assert config["input_size"] == (1, 32, 32) and config["mean"] == (0.0,) and config["std"] == (1.0,)
+    assert config["crop_pct"] == 1.0 and config["interpolation"] == "bilinear"
+
+
+@pytest.mark.parametrize(
+    "where", ["checkpoints/best", "checkpoints/last", "checkpoints/best/model.safetensors"], ids=lambda w: w
+)
+def test_a_checkpoint_folder_or_its_weights_load_alike(vit_run, where):
+    which = where.split("/")[1]
+    torch.testing.assert_close(zoo.load_model(vit_run / where)(images()), reference(vit_run, which)(images()))
+
+
+def test_a_checkpoint_copied_out_of_its_run_still_loads(vit_run, tmp_path):
+    copy = shutil.copytree(vit_run / "checkpoints" / "best", tmp_path / "elsewhere")
+    torch.testing.assert_close(zoo.load_model(copy)(images()), reference(vit_run)(images()))
+
+
+def test_the_last_checkpoint_is_chosen_by_name(vit_run):
+    torch.testing.assert_close(
+        zoo.load_model(vit_run, checkpoint="last")(images()), reference(vit_run, "last")(images())
+    )
+    with pytest.raises(ValueError, match="unknown checkpoint 'middle'.*best, last"):
+        zoo.load_model(vit_run, checkpoint="middle")
+
+
+def test_save_pretrained_of_a_loaded_run_reads_back_in_timm(vit_run, tmp_path):
+    model = zoo.load_model(vit_run)
+    folder = zoo.save_pretrained(model, tmp_path / "hub")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["label_names"] == [str(d) for d in range(10)]
+    assert config["pretrained_cfg"]["input_size"] == [1, 32, 32] and config["pretrained_cfg"]["mean"] == [0.0]
+    again = timm.create_model(
+        config["architecture"],
+        pretrained=True,
+        pretrained_cfg_overlay={"file": str(folder / "model.safetensors")},
+        **config["model_args"],
+    ).eval()
+    torch.testing.assert_close(again(images()), model(images()), rtol=0, atol=0)
+    assert resolve_data_config(model=zoo.load_model(folder))["input_size"] == (1, 32, 32)
+
+
+def test_overrides_rebuild_a_run_at_another_size(vit_run):
+    model = zoo.load_model(vit_run, img_size=64)
+    assert tuple(model.patch_embed.img_size) == (64, 64) and model(images(64)).shape == (3, 10)
+    assert resolve_data_config(model=model)["input_size"] == (1, 64, 64)
+    assert zoo.load_model(vit_run, num_classes=3).pretrained_cfg.get("label_names") is None
+
+
+def test_a_run_without_model_json_is_sized_from_its_data(vit_run, tmp_path, caplog):
+    # as zoo wrote runs before model.json and manifests
+    old = shutil.copytree(vit_run, tmp_path / "old")
+    for path in [*old.rglob("model.json"), *old.rglob("manifest.json")]:
+        path.unlink()
+    with caplog.at_level(logging.WARNING):
+        model = zoo.load_model(old / "checkpoints" / "best" / "model.safetensors")
+    assert "no model.json" in caplog.text
+    torch.testing.assert_close(model(images()), reference(vit_run)(images()))
+
+
+def test_run_directories_that_cannot_load_say_why(vit_run, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "recipe.yaml").write_text((vit_run / "recipe.yaml").read_text())
+    with pytest.raises(FileNotFoundError, match="run directory without a 'best' checkpoint"):
+        zoo.load_model(empty)
+    broken = shutil.copytree(vit_run, tmp_path / "broken")
+    (broken / "checkpoints" / "best" / "model.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"checkpoints/best is damaged: model.json has 9 bytes"):
+        zoo.load_model(broken)
+    (broken / "checkpoints" / "best" / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"checkpoints/best/model.json: not valid JSON"):
+        zoo.load_model(broken)
+    other = shutil.copytree(vit_run, tmp_path / "other")
+    (other / "checkpoints" / "last" / "manifest.json").unlink()
+    description = json.loads((other / "model.json").read_text())
+    description["sizes"]["num_classes"] = 3
+    (other / "checkpoints" / "last" / "model.json").write_text(json.dumps(description))
+    with pytest.raises(zoo.WeightsError, match=r"last/model.safetensors: weights do not fit .*class"):
+        zoo.load_model(other, checkpoint="last")
+    with pytest.raises(ValueError, match="no config.json and no recipe.yaml"):
+        zoo.load_model(tmp_path)
+
+
+def test_the_cli_reports_a_run_that_cannot_load_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(VIT))
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")
+    proc = subprocess.run(
+        [sys.executable, "tools/predict.py", str(tmp_path), str(image)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "without a 'best' checkpoint" in proc.stderr
+
+
+def test_a_sequence_run_loads_with_its_sizes_and_inputs(tmp_path, monkeypatch):
+    from zoo.data import debian
+
+    if not debian.is_available("r-cran-mlbench"):
+        pytest.skip("Debian data package r-cran-mlbench missing (make data-deps)")
+    run_dir = train(load_recipe(ROOT / "recipes" / "splice_quick.yaml", TINY_1D), tmp_path / "splice")
+    description = json.loads((run_dir / "model.json").read_text())
+    assert description["input"] == "dna" and description["sizes"]["seq_len"] == 60
+    assert description["label_names"] == ["ei", "ie", "n"]
+    assert description["inputs"]["tokenizer"] == {"k": 1, "overlapping": True, "add_cls": False}
+    tokens = torch.randint(3, 7, (2, 60))
+    expected = reference(run_dir)(tokens, None)
+    monkeypatch.setattr(engine, "build_split", None)
+    model = zoo.load_model(run_dir)
+    torch.testing.assert_close(model(tokens, None), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="construction overrides rebuild ViT models"):
+        zoo.load_model(run_dir, img_size=64)

@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Predict new inputs with a trained run: the best classes and their probabilities (forecast values for a
+forecasting run), as CSV (stdout by default) or JSON. Inputs are read as the run's data was (see zoo.predict).
+
+    tools/predict.py runs/quickstart some_images/                        # image files and folders
+    tools/predict.py runs/quickstart a.png scan16.tif --output preds.json --top-k 3
+    tools/predict.py runs/splice_quick genes.fa --output splice.csv       # one row per window (or record)
+    tools/predict.py runs/yeast_coding_quick chrI.fa --output labels.csv  # one row per nucleotide: its label
+    tools/predict.py runs/ucr_plaid_quick series.csv                      # one row per series (row of the file)
+    tools/predict.py runs/elecdemand_quick demand.csv                     # the next horizon steps of the targets
+
+An input that cannot be read is named on stderr and skipped; the others are predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zoo.cli import run_cli
+from zoo.predict import format_of, predict, write_predictions
+from zoo.pretrained import CHECKPOINTS, load_model
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run directory of tools/train.py (or a checkpoint folder, a save_pretrained folder)")
+    parser.add_argument("inputs", nargs="+", help="files or folders to predict: images, FASTA, CSV or .ts series")
+    parser.add_argument("--output", help="a .csv or .json file (default: CSV on stdout)")
+    parser.add_argument("--top-k", type=int, default=5, help="classes kept per prediction (default: 5)")
+    parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default: 32)")
+    parser.add_argument("--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.output:
+        # a wrong suffix fails before the model runs
+        format_of(args.output)
+    model = load_model(args.run, checkpoint=args.checkpoint)
+    predictions = predict(model, args.inputs, top_k=args.top_k, batch_size=args.batch_size, progress=True)
+    write_predictions(predictions, args.output or sys.stdout, None if args.output else "csv")
+    skipped = f", {len(predictions.skipped)} input(s) skipped" if predictions.skipped else ""
+    where = f" to {args.output}" if args.output else ""
+    print(f"wrote {len(predictions.rows)} predictions{where}{skipped}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    run_cli(main)

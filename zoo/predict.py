@@ -1,0 +1,397 @@
+"""Predictions of a loaded model (`zoo.load_model`) on new files: images, FASTA, CSV and .ts series.
+
+`predict(model, inputs)` reads what the model's run was trained on (`model.zoo_run`, see `zoo.runs`; a ViT saved by
+`save_pretrained` reads images):
+
+- images: files, or folders searched recursively for image files; decoded by `zoo.data.images.open_image` (any bit
+  depth, palette, alpha), then resized, cropped and normalised by timm's eval transform of the model's
+  `pretrained_cfg` (`timm.data.resolve_data_config(model=model)`): one row per image;
+- FASTA files (a folder: its FASTA files): each record cut as the run's data was (`window`, `stride`; a set without
+  windows: the record whole, cut at its `max_length`): one row per window, or for a per-position task one row per
+  nucleotide with its label;
+- series: a CSV file with one series per row (the run's label column, when there, is not a time step) or a `.ts`
+  file, one row per series; for forecasting a CSV file with one row per time step: its last `lookback` rows of the
+  run's input columns give `horizon` rows of the target columns, in their own units.
+
+Classification rows hold the `top_k` classes and their probabilities. An input that cannot be read is named in one
+warning and skipped (`Predictions.skipped`); the others are predicted. `write_predictions` writes CSV or JSON.
+
+Letter legend: b - batch, n - positions, k - classes, t - horizon, c - channels.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from ._validate import check_int
+from .data.fasta import _is_fasta
+from .data.images import ImageError, open_image
+from .data.nucleotides import DNATokenizer, read_fasta
+from .data.sequence import PadCollate, window_starts
+
+__all__ = ["Predictions", "predict", "write_predictions"]
+
+_logger = logging.getLogger(__name__)
+
+_SERIES_SUFFIXES = (".csv", ".ts")
+FORMATS = ("csv", "json")
+
+
+@dataclass
+class Predictions:
+    """`rows`: one dict per prediction, where it comes from (`input`, then `record`/`start`/`end`, `item`,
+    `position` or `step`) and what was predicted (`classes` and `probabilities`, best first; a per-position
+    `label` and `probability`; a forecast's value per target column). `skipped`: (input, reason) of every input
+    that could not be read."""
+
+    task: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _description(model: nn.Module) -> dict[str, Any]:
+    """What the model reads: its run's `model.json`, or for a ViT from `save_pretrained` its `pretrained_cfg`."""
+    run = getattr(model, "zoo_run", None)
+    if run is not None:
+        return run
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if "input_size" not in cfg:
+        raise ValueError(
+            f"{type(model).__name__} carries no description of its inputs: predict takes a model from "
+            "zoo.load_model (a run directory of tools/train.py or a save_pretrained folder)"
+        )
+    return {"task": "classification", "input": "image", "label_names": cfg.get("label_names")}
+
+
+def predict(
+    model: nn.Module,
+    inputs: Sequence[str | Path],
+    *,
+    top_k: int = 5,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> Predictions:
+    """Predict every input (paths of files or folders, see the module docstring) with `model` in eval mode, in
+    batches of `batch_size`; classification rows keep the `top_k` best classes (at most the class count)."""
+    check_int("top_k", top_k, 1)
+    check_int("batch_size", batch_size, 1)
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    description = _description(model)
+    task, kind = description["task"], description["input"]
+    if task not in _TASKS:
+        raise ValueError(f"predict does not handle task {task!r}; it handles {', '.join(_TASKS)}")
+    if kind not in _READERS:
+        raise ValueError(f"predict does not read {kind!r} inputs (the run's data); it reads {', '.join(_READERS)}")
+    result = Predictions(task)
+    items = _READERS[kind](model, description, [Path(p) for p in inputs], result)
+    outputs = _TASKS[task]
+    model.eval()
+    bar = tqdm(total=len(items), desc="predict", unit="item", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    # a skipped input's warning goes above the bar, not into it
+    with torch.no_grad(), bar, logging_redirect_tqdm():
+        for metas, batch in _batches(items, batch_size):
+            logits = model(*(t.to(_device(model)) for t in batch)).float().cpu()
+            for meta, out, mask in zip(metas, logits, batch[1] if len(batch) > 1 else [None] * len(metas)):
+                result.rows.extend(outputs(meta, out, mask, description, top_k))
+            bar.update(len(metas))
+    if not result.rows:
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in result.skipped[:3])
+        raise ValueError(f"nothing to predict: no input could be read ({reasons or 'no inputs given'})")
+    return result
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _skip(result: Predictions, name: str | Path, reason: str) -> None:
+    _logger.warning("skipped %s: %s", name, reason)
+    result.skipped.append((str(name), reason))
+
+
+Item = tuple[dict[str, Any], tuple[Tensor, ...]]
+
+
+class _Lazy:
+    """Items made while they are consumed (decoded images), and how many there will be at most."""
+
+    def __init__(self, total: int, items: Iterator[Item]) -> None:
+        self.total, self.items = total, items
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self) -> Iterator[Item]:
+        return self.items
+
+
+def _batches(items: Iterable[Item], batch_size: int) -> Iterator[tuple[list[dict], tuple[Tensor, ...]]]:
+    """Items `(meta, model inputs)` grouped into batches; 1-D inputs `(tokens or values, mask)` padded."""
+    metas, tensors = [], []
+    for meta, inputs in items:
+        metas.append(meta)
+        tensors.append(inputs)
+        if len(metas) == batch_size:
+            yield metas, _stack(tensors)
+            metas, tensors = [], []
+    if metas:
+        yield metas, _stack(tensors)
+
+
+def _stack(tensors: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    if len(tensors[0]) == 1:
+        return (torch.stack([t[0] for t in tensors]),)
+    batch = PadCollate(pad_values={"x": 0, "mask": False})([{"x": x, "mask": mask} for x, mask in tensors])
+    return batch["x"], batch["mask"]
+
+
+def _files(paths: Sequence[Path], wanted: Callable[[Path], bool], what: str, result: Predictions) -> list[Path]:
+    """Every path that is a file, and the `wanted` files under every folder (recursively, hidden ones left out,
+    sorted); a missing path or a folder without such files is skipped."""
+    found = []
+    for path in paths:
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            inside = sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and wanted(p) and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
+            found.extend(inside) if inside else _skip(result, path, f"a folder without {what}")
+        else:
+            _skip(result, path, "no such file or folder")
+    return found
+
+
+def _image_suffixes() -> set[str]:
+    from PIL import Image
+
+    Image.init()
+    return set(Image.registered_extensions())
+
+
+def _read_images(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> _Lazy:
+    """Each image as `[c, h, w]`, preprocessed as the model's `pretrained_cfg` says, decoded when its batch is."""
+    from timm.data import create_transform, resolve_data_config
+
+    config = resolve_data_config(model=model)
+    transform = create_transform(**config)
+    mode = "L" if config["input_size"][0] == 1 else "RGB"
+    suffixes = _image_suffixes()
+    files = _files(paths, lambda p: p.suffix.lower() in suffixes, "image files", result)
+
+    def decoded() -> Iterator[Item]:
+        for path in files:
+            try:
+                image = open_image(path, mode)
+            except ImageError as error:
+                _skip(result, path, error.reason)
+                continue
+            yield {"input": str(path)}, (transform(image),)
+
+    return _Lazy(len(files), decoded())
+
+
+def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> list[Item]:
+    """Each window of each record as `(tokens [n], mask [n])`: the run's windows, or the record whole (cut at the
+    run's `max_length`) for a set without windows."""
+    inputs = description["inputs"]
+    tokenizer = DNATokenizer(**inputs.get("tokenizer", {}))
+    window = inputs.get("window")
+    cut = window or inputs.get("max_length")
+    # a per-position task labels each nucleotide once: windows side by side
+    stride = window if description["task"] == "token_classification" else inputs.get("stride") or window
+    items = []
+    for path in _files(paths, lambda p: _is_fasta(p.name), "FASTA files", result):
+        try:
+            records = read_fasta(path)
+        except (OSError, ValueError, EOFError) as error:
+            _skip(result, path, _first_line(error))
+            continue
+        for name, codes in records:
+            starts = window_starts(len(codes), window, stride).tolist() if window else [0] * bool(len(codes))
+            for start in starts:
+                piece = codes[start : start + cut] if cut else codes
+                tokens = tokenizer(piece)
+                meta = {"input": str(path), "record": name, "start": start + 1, "end": start + len(piece)}
+                items.append((meta, (tokens, torch.ones(len(tokens), dtype=torch.bool))))
+    return items
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _read_series(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> list[Item]:
+    """Each series as `(values [n, c], mask [n])`: the rows of a CSV file or the cases of a .ts file; for a
+    forecast, the last look-back of a CSV file with one row per time step."""
+    read = _forecast_window if description["task"] == "forecast" else _series_of_file
+    items = []
+    for path in _files(paths, lambda p: p.suffix.lower() in _SERIES_SUFFIXES, "CSV or .ts files", result):
+        try:
+            items.extend(read(path, description["inputs"]))
+        except (OSError, ValueError) as error:
+            _skip(result, path, _first_line(error))
+    return items
+
+
+def _as_sample(values: np.ndarray, inputs: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
+    """`[n, c]` float with NaN where missing -> `(values [n, c], mask [n])` as the series sets give them."""
+    observed = np.isfinite(values)
+    if inputs.get("znorm"):
+        mean, std = np.nanmean(values, axis=0), np.nanstd(values, axis=0)
+        values = (values - mean) / np.where(std > 0, std, 1.0)
+    values = np.where(observed, values, 0.0).astype(np.float32)
+    return torch.from_numpy(values), torch.from_numpy(observed.any(axis=1))
+
+
+def _series_of_file(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
+    """One item per series: a .ts case `[c, n]`, or a CSV row (the label column left out) `[1, n]`."""
+    from .data._tables import apply_nan_policy, parse_cells, read_table
+    from .data.timeseries import read_ts
+
+    if path.suffix.lower() == ".ts":
+        for number, series in enumerate(read_ts(path, nan=inputs.get("nan", "error")).series, start=1):
+            yield {"input": str(path), "item": number}, _as_sample(series.T, inputs)
+        return
+    table = read_table(path, ragged=True)
+    label = inputs.get("label_column", "label")
+    skip = table.header.index(label) if label in table.header else None
+    for row, cells in enumerate(table.rows):
+        steps = [i for i in range(len(cells)) if i != skip]
+        while steps and not cells[steps[-1]].strip():
+            steps.pop()
+
+        def where(i: int, row: int = row, steps: list[int] = steps) -> str:
+            return table.where(row, steps[i])
+
+        values = apply_nan_policy(parse_cells([cells[i] for i in steps], where), inputs.get("nan", "error"), where)
+        yield {"input": str(path), "item": row + 1}, _as_sample(values[:, None], inputs)
+
+
+def _forecast_window(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
+    """The last `lookback` steps of the run's input columns, standardised with the training mean and std."""
+    from .data._tables import apply_nan_policy, parse_cells, read_table
+
+    table = read_table(path)
+    lookback, columns = inputs["lookback"], inputs["columns"]
+    if len(table.rows) < lookback:
+        raise ValueError(
+            f"{len(table.rows)} time steps, the model looks back {lookback}: give at least {lookback} rows"
+        )
+    rows = range(len(table.rows) - lookback, len(table.rows))
+    values = []
+    for name in inputs["inputs"]:
+        at = table.column(name, "input column")
+
+        def where(i: int, at: int = at) -> str:
+            return table.where(rows[i], at)
+
+        column = parse_cells([table.rows[r][at] for r in rows], where)
+        values.append(apply_nan_policy(column, inputs.get("nan", "error"), where))
+    index = [columns.index(name) for name in inputs["inputs"]]
+    mean, std = np.asarray(inputs["mean"])[index], np.asarray(inputs["std"])[index]
+    yield {"input": str(path)}, _as_sample((np.stack(values, axis=1) - mean) / std, {})
+
+
+def _top_k(scores: Tensor, names: Sequence[str] | None, top_k: int) -> dict[str, list]:
+    """logits `[k]` -> the best classes (names, else indices) and their probabilities, best first."""
+    probabilities = scores.softmax(-1)
+    values, indices = probabilities.topk(min(top_k, len(probabilities)))
+    labels = [names[i] if names else str(i) for i in indices.tolist()]
+    return {"classes": labels, "probabilities": [round(v, 6) for v in values.tolist()]}
+
+
+def _classification(meta: dict, logits: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
+    """logits `[k]` -> one row."""
+    return [{**meta, **_top_k(logits, description.get("label_names"), top_k)}]
+
+
+def _per_position(meta: dict, logits: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
+    """logits `[n, k]` (a CLS token first when the tokenizer adds one) -> one row per kept nucleotide."""
+    if description["inputs"].get("tokenizer", {}).get("add_cls"):
+        logits, mask = logits[1:], mask[1:]
+    probabilities, labels = logits.softmax(-1).max(-1)
+    names = description.get("label_names")
+    rows = []
+    for offset in torch.nonzero(mask).flatten().tolist():
+        label = labels[offset].item()
+        position = {"input": meta["input"], "record": meta["record"], "position": meta["start"] + offset}
+        name = names[label] if names else str(label)
+        rows.append({**position, "label": name, "probability": round(probabilities[offset].item(), 6)})
+    return rows
+
+
+def _forecast(meta: dict, forecast: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
+    """forecast `[t, c]` in standardised units -> one row per future step, in the target columns' units."""
+    inputs = description["inputs"]
+    index = [inputs["columns"].index(name) for name in inputs["targets"]]
+    mean, std = np.asarray(inputs["mean"])[index], np.asarray(inputs["std"])[index]
+    values = forecast.numpy() * std + mean  # [t, c]
+    return [
+        {**meta, "step": step, **{name: float(value) for name, value in zip(inputs["targets"], row)}}
+        for step, row in enumerate(values, start=1)
+    ]
+
+
+_READERS = {"image": _read_images, "dna": _read_fasta, "series": _read_series}
+_TASKS = {"classification": _classification, "token_classification": _per_position, "forecast": _forecast}
+
+
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row for CSV: the top-k lists as `class_1, probability_1, class_2, ...`."""
+    flat = {k: v for k, v in row.items() if k not in ("classes", "probabilities")}
+    for rank, (name, probability) in enumerate(zip(row.get("classes", []), row.get("probabilities", [])), start=1):
+        flat[f"class_{rank}"], flat[f"probability_{rank}"] = name, probability
+    return flat
+
+
+def format_of(path: str | Path) -> str:
+    """`csv` or `json` from a file name's suffix; a ValueError naming the allowed suffixes otherwise."""
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in FORMATS:
+        raise ValueError(f"output {str(path)!r}: write predictions to a .csv or .json file, not .{suffix or '?'}")
+    return suffix
+
+
+def write_predictions(predictions: Predictions, output: str | Path | io.TextIOBase, fmt: str | None = None) -> None:
+    """Write the rows to `output` (a path, or an open text stream such as sys.stdout) as CSV (one column per key;
+    top-k classes as `class_1, probability_1, ...`) or JSON (a list of the rows, with `skipped` beside them);
+    the format is `fmt`, else the path's suffix."""
+    fmt = fmt or format_of(output)
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if isinstance(output, (str, Path)):
+        with open(output, "w", newline="") as handle:
+            _write(predictions, handle, fmt)
+    else:
+        _write(predictions, output, fmt)
+
+
+def _write(predictions: Predictions, handle: io.TextIOBase, fmt: str) -> None:
+    if fmt == "json":
+        skipped = [{"input": name, "reason": reason} for name, reason in predictions.skipped]
+        json.dump({"task": predictions.task, "predictions": predictions.rows, "skipped": skipped}, handle, indent=1)
+        handle.write("\n")
+        return
+    rows = [_flat(row) for row in predictions.rows]
+    writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(k for row in rows for k in row)), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)

@@ -1,0 +1,218 @@
+"""A run directory as a model: what rebuilds a trained model without its training data.
+
+tools/train.py writes `model.json` beside `recipe.yaml` when training starts and copies both into every checkpoint
+folder, so `runs/NAME`, `runs/NAME/checkpoints/best` and the `model.safetensors` in it each say which model they
+hold (`zoo.load_model` reads any of them):
+
+- `sizes`: what the model kind read off the training split (classes, input channels, sequence length, vocabulary,
+  horizon, the forecast's columns), given back to it by `SplitSizes`, a stand-in for the split;
+- `label_names`: one name per output class (image folders, FASTA files, MegaMNIST digits, series labels), or null;
+- `pretrained_cfg` (images): timm's preprocessing, input size, mean/std, interpolation and crop;
+- `inputs` (1-D data): what `zoo.predict` needs to turn a file into model inputs (DNA windows and tokenizer, series
+  z-normalisation, a forecast's look-back, horizon, columns and training mean/std).
+
+`write_run` makes a run directory of a model trained outside the engine (`tools/convert.py`), with checkpoints that
+tools/eval.py and `zoo.load_model` verify as they verify the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from safetensors.torch import save_model
+from torch import nn
+from torch.utils.data import Dataset
+
+from .checkpoints import model_identity, replace_dir, write_manifest
+from .model_kinds import sequence_length
+from .tasks import Task
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
+
+__all__ = [
+    "MODEL_FILE",
+    "RECIPE_FILE",
+    "SplitSizes",
+    "copy_run_files",
+    "describe_model",
+    "read_description",
+    "write_description",
+    "write_run",
+]
+
+MODEL_FILE = "model.json"
+RECIPE_FILE = "recipe.yaml"
+_FORMAT = 1
+# What model kinds and tasks read off a training split to size a model (zoo.model_kinds, Task.model_sizes).
+_SIZES = ("num_classes", "in_chans", "vocab_size", "horizon", "columns", "input_index", "target_index")
+# What the 1-D sets cut their files into: dataset attribute -> meaning (see zoo.predict).
+_SEQUENCE_INPUTS = ("window", "stride", "znorm", "lookback", "horizon")
+
+
+class SplitSizes:
+    """A stand-in for a training split: the attributes `describe_model` recorded (`num_classes`, `in_chans`, ...)
+    and `max_length`, the input length `zoo.model_kinds.sequence_length` reads. Another attribute is missing."""
+
+    def __init__(self, sizes: Mapping[str, Any]) -> None:
+        self.__dict__.update(sizes)
+        self.max_length = sizes.get("seq_len")
+
+    def __repr__(self) -> str:
+        return f"SplitSizes({self.__dict__})"
+
+
+def _plain(value: Any) -> Any:
+    """A dataset attribute as JSON: arrays and tuples as lists, NumPy scalars as Python numbers."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _label_names(train_set: Dataset, task: Task) -> list[str] | None:
+    """The split's class names when there is one per output the metrics count (not a vocabulary, not a forecast)."""
+    names = getattr(train_set, "classes", None)
+    if names is None or len(names) != task.num_outputs(train_set):
+        return None
+    return [str(name) for name in names]
+
+
+def _image_config(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
+    """timm's preprocessing keys of the run: the model's input size, the split's normalisation, and its resize
+    (a set without `mean`/`std` is taken to give images in [0, 1], used as they are; one without `crop_pct` to
+    give whole images)."""
+    in_chans = recipe.model.in_chans or train_set.in_chans
+    return {
+        "input_size": [in_chans, recipe.model.img_size, recipe.model.img_size],
+        "mean": _plain(getattr(train_set, "mean", [0.0])),
+        "std": _plain(getattr(train_set, "std", [1.0])),
+        "interpolation": getattr(train_set, "interpolation", "bilinear"),
+        "crop_pct": float(getattr(train_set, "crop_pct", 1.0)),
+        "crop_mode": getattr(train_set, "crop_mode", "center"),
+        "fixed_input_size": not recipe.model.dynamic_img_size,
+    }
+
+
+def _sequence_inputs(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
+    """How the split cut and encoded its files: windows, tokenizer, normalisation, a forecast's columns."""
+    inputs: dict[str, Any] = {"input": recipe.model.sequence.input}
+    for name in _SEQUENCE_INPUTS:
+        if getattr(train_set, name, None) is not None:
+            inputs[name] = _plain(getattr(train_set, name))
+    tokenizer = getattr(train_set, "tokenizer", None)
+    if tokenizer is not None:
+        inputs["tokenizer"] = {"k": tokenizer.k, "overlapping": tokenizer.overlapping, "add_cls": tokenizer.add_cls}
+        # Genomic Benchmarks' truncation (a series set's max_length is its longest series, not a cut)
+        if getattr(train_set, "max_length", None) is not None:
+            inputs["max_length"] = int(train_set.max_length)
+    if recipe.model.sequence.input == "series":
+        # what a missing value in a file does (zoo.data._tables: error, mask or interpolate)
+        inputs["nan"] = recipe.data.options.get("nan", "error")
+    if recipe.task == "forecast":
+        columns = list(train_set.columns)
+        inputs.update(
+            columns=columns,
+            inputs=[columns[i] for i in train_set.input_index],
+            targets=[columns[i] for i in train_set.target_index],
+            mean=_plain(train_set.mean),
+            std=_plain(train_set.std),
+        )
+    elif recipe.model.sequence.input == "series":
+        # the column of a CSV file that holds the labels, not a time step (zoo.data.timeseries.CsvSeriesDataset)
+        inputs["label_column"] = recipe.data.options.get("label_column", "label")
+    return inputs
+
+
+def describe_model(recipe: Recipe, train_set: Dataset, task: Task) -> dict[str, Any]:
+    """`model.json`'s content for the model `recipe` builds from `train_set` (see the module docstring)."""
+    from .data import get_dataset  # the dataset modules load only when a run is described
+
+    data_kind = get_dataset(recipe.data.name).kind
+    sizes = {name: _plain(getattr(train_set, name)) for name in _SIZES if getattr(train_set, name, None) is not None}
+    if data_kind != "image":
+        sizes["seq_len"] = sequence_length(train_set)
+    description: dict[str, Any] = {
+        "format": _FORMAT,
+        "kind": recipe.model.kind,
+        "task": recipe.task,
+        "data": recipe.data.name,
+        "input": data_kind,
+        "label_names": _label_names(train_set, task),
+        "sizes": sizes,
+    }
+    if data_kind == "image":
+        description["pretrained_cfg"] = _image_config(recipe, train_set)
+    else:
+        description["inputs"] = _sequence_inputs(recipe, train_set)
+    return json.loads(json.dumps(description))
+
+
+def write_description(folder: str | Path, description: Mapping[str, Any]) -> Path:
+    """Write `folder/model.json`; returns its path."""
+    path = Path(folder) / MODEL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(description, indent=2) + "\n")
+    return path
+
+
+def read_description(folder: str | Path) -> dict[str, Any] | None:
+    """`folder/model.json`, None when there is none (a run trained before zoo wrote it); a ValueError naming the
+    file when it is not a description."""
+    path = Path(folder) / MODEL_FILE
+    if not path.is_file():
+        return None
+    try:
+        description = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    keys = ("kind", "task", "input", "sizes")
+    missing = [key for key in keys if not isinstance(description, dict) or key not in description]
+    if missing:
+        raise ValueError(f"{path}: not a run's model description: missing {', '.join(missing)}")
+    if description.get("format", _FORMAT) > _FORMAT:
+        raise ValueError(f"{path} has format {description['format']}, newer than this zoo reads ({_FORMAT})")
+    return description
+
+
+def copy_run_files(run_dir: str | Path, folder: str | Path) -> None:
+    """Copy the run's `recipe.yaml` and `model.json` into checkpoint `folder`, so the checkpoint alone rebuilds
+    its model (the files a run lacks are skipped)."""
+    for name in (RECIPE_FILE, MODEL_FILE):
+        if (Path(run_dir) / name).is_file():
+            shutil.copy2(Path(run_dir) / name, Path(folder) / name)
+
+
+def write_run(
+    run_dir: str | Path, recipe: Recipe, model: nn.Module, description: Mapping[str, Any], state: Mapping[str, Any]
+) -> Path:
+    """A run directory for `model`, trained outside the engine: `recipe.yaml` (the recipe that builds it),
+    `model.json`, and `checkpoints/best` and `checkpoints/last` holding its weights, the train `state` and a
+    manifest, as tools/train.py writes them. Returns `checkpoints/best`."""
+    from .recipe import save_recipe
+
+    run_dir = Path(run_dir)
+    save_recipe(recipe, run_dir / RECIPE_FILE)
+    write_description(run_dir, description)
+    root = run_dir / "checkpoints"
+    tmp = root / "best.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # save_model, not save_file: it stores tied weights once, as accelerate's checkpoints do
+    save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "meta.json").write_text(json.dumps(dict(state)))
+    copy_run_files(run_dir, tmp)
+    write_manifest(tmp, model=model_identity(recipe), state=state)
+    replace_dir(tmp, root / "best")
+    shutil.rmtree(root / "last.tmp", ignore_errors=True)
+    shutil.copytree(root / "best", root / "last.tmp")
+    replace_dir(root / "last.tmp", root / "last")
+    return root / "best"
