@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu clean
+.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu bench-conversion clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -52,6 +52,12 @@ bench-cpu: bench-peers
 # GPU; not yet run on one. The 2-D variants take only the square lengths (the others are recorded as errors).
 bench-gpu: bench-peers
 	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
+
+# The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
+# recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
+# each efficient attention at 4x the tokens, against the same students trained from scratch.
+bench-conversion: $(STAMP)
+	PYTHONPATH=tools $(PY) -m zoo_bench.conversion --out benchmarks/cpu/conversion.md
 
 # Every folder that holds Python files (the benchmark code is tools/zoo_bench; benchmarks/ holds only results).
 lint: $(STAMP)

@@ -219,7 +219,11 @@ def test_the_cli_reports_a_run_that_cannot_load_in_one_line(tmp_path):
     image = tmp_path / "x.png"
     image.write_bytes(b"")
     proc = subprocess.run(
-        [sys.executable, "tools/predict.py", str(tmp_path), str(image)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "tools/predict.py", str(tmp_path), str(image)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "without a 'best' checkpoint" in proc.stderr

@@ -12,7 +12,7 @@ the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, allowed_attention, as_sdpa_mask, rows_attention
 from ._common import AttentionBase
 from ._flash_parts import Part, parts_attention, use_flash_parts
+from ._flex import bigbird_mask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 
 __all__ = [
@@ -193,6 +194,7 @@ class BigBirdAttention(AttentionBase):
         *,
         block_size: int = 64,
         num_random_blocks: int = 3,
+        backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
     ) -> None:
         super().__init__(
@@ -213,7 +215,10 @@ class BigBirdAttention(AttentionBase):
         )
         self.block_size = check_int("block_size", block_size, 1)
         self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
+        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
+        if reference and backend == "flex":
+            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
         # Drawn from the global generator once, then saved with the weights: every call, replica and resumed run
         # uses the same random blocks.
         self.register_buffer("random_seed", torch.randint(2**62, ()).to(device), persistent=True)
@@ -227,6 +232,9 @@ class BigBirdAttention(AttentionBase):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
         random_blocks = self.random_blocks(q.shape[-2]).to(q.device)
+        if not self.reference and use_flex(self.backend, q, dropout_p):
+            pattern = bigbird_mask(q.shape[-2], self.block_size, random_blocks, q.device)
+            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
         return bigbird_attention(
             q,
             k,
@@ -240,4 +248,7 @@ class BigBirdAttention(AttentionBase):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, block_size={self.block_size}, num_random_blocks={self.num_random_blocks}"
+        return (
+            f"{super().extra_repr()}, block_size={self.block_size}, num_random_blocks={self.num_random_blocks}, "
+            f"backend={self.backend!r}"
+        )

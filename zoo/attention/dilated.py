@@ -12,7 +12,7 @@ covering the sequence with dilation 1 is exact softmax attention. `reference=Tru
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, band_keep, position_offsets
 from ._common import AttentionBase, pad_to_multiple
 from ._flash_parts import band_parts, parts_attention, use_flash_parts
+from ._flex import check_backend, dilated_mask, flex_attend, use_flex
 from ._registry import register_attention
 from .local import local_attention
 
@@ -119,6 +120,7 @@ class DilatedAttention(AttentionBase):
         *,
         window: int = 256,
         dilation: int = 2,
+        backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
     ) -> None:
         super().__init__(
@@ -139,12 +141,18 @@ class DilatedAttention(AttentionBase):
         )
         self.window = check_int("window", window, 1)
         self.dilation = check_int("dilation", dilation, 1)
+        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
+        if reference and backend == "flex":
+            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
         if window < dilation:
             raise ValueError(f"window={window} is shorter than dilation={dilation}; use window >= dilation")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
+        if not self.reference and use_flex(self.backend, q, dropout_p):
+            pattern = dilated_mask(self.window, self.dilation, is_causal)
+            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
         return dilated_attention(
             q,
             k,
@@ -159,4 +167,4 @@ class DilatedAttention(AttentionBase):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, window={self.window}, dilation={self.dilation}"
+        return f"{super().extra_repr()}, window={self.window}, dilation={self.dilation}, backend={self.backend!r}"

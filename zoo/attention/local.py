@@ -11,7 +11,7 @@ as a dense `[n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,6 +20,7 @@ from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
 from ._flash_parts import band_parts, parts_attention, use_flash_parts
+from ._flex import check_backend, flex_attend, local_mask, use_flex
 from ._registry import register_attention
 
 __all__ = ["LocalAttention", "local_attention"]
@@ -91,6 +92,7 @@ class LocalAttention(AttentionBase):
         dtype=None,
         *,
         window: int = 256,
+        backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
     ) -> None:
         super().__init__(
@@ -110,10 +112,15 @@ class LocalAttention(AttentionBase):
             dtype,
         )
         self.window = check_int("window", window, 1)
+        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
+        if reference and backend == "flex":
+            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
+        if not self.reference and use_flex(self.backend, q, dropout_p):
+            return flex_attend(q, k, v, local_mask(self.window, is_causal), mask, scale=self.scale)
         return local_attention(
             q,
             k,
@@ -127,4 +134,4 @@ class LocalAttention(AttentionBase):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, window={self.window}"
+        return f"{super().extra_repr()}, window={self.window}, backend={self.backend!r}"

@@ -11,7 +11,7 @@ window and the global keys, a key in both counted once. A window as long as the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, rows_attention, window_layout
 from ._common import AttentionBase
 from ._flash_parts import Part, additive, band_parts, parts_attention, use_flash_parts
+from ._flex import check_backend, flex_attend, longformer_mask, use_flex
 from ._registry import register_attention
 
 __all__ = ["LongformerAttention", "longformer_attention"]
@@ -46,8 +47,7 @@ def longformer_attention(
     `reference=True`: the pattern as a dense mask (`allowed_attention`), O(n^2).
     """
     b, _, n, d = q.shape
-    if any(index >= n for index in global_indices):
-        raise ValueError(f"global_indices {tuple(global_indices)} reach past the sequence length {n}")
+    _check_global_indices(global_indices, n)
     rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
     if reference:
         offsets = position_offsets(n, q.device)
@@ -78,6 +78,12 @@ def longformer_attention(
         out_rows = rows_attention(q, k, v, rows, keep[:, :n], is_causal, scale, dropout_p)
         out = out.index_copy(2, rows, out_rows)
     return out
+
+
+def _check_global_indices(global_indices: Sequence[int], n: int) -> None:
+    """Global positions must lie inside the sequence of `n` tokens."""
+    if any(index >= n for index in global_indices):
+        raise ValueError(f"global_indices {tuple(global_indices)} reach past the sequence length {n}")
 
 
 def _longformer_flash(q: Tensor, k: Tensor, v: Tensor, rows: Tensor, is_causal: bool, window: int, scale: float):
@@ -125,6 +131,7 @@ class LongformerAttention(AttentionBase):
         *,
         window: int = 256,
         global_indices: Sequence[int] = (0,),
+        backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
     ) -> None:
         super().__init__(
@@ -150,10 +157,17 @@ class LongformerAttention(AttentionBase):
         if len(set(indices)) != len(indices):
             raise ValueError(f"global_indices={indices} repeats a position; give each position once")
         self.global_indices = indices
+        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
+        if reference and backend == "flex":
+            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
+        if not self.reference and use_flex(self.backend, q, dropout_p):
+            _check_global_indices(self.global_indices, q.shape[-2])
+            pattern = longformer_mask(q.shape[-2], self.window, self.global_indices, is_causal, q.device)
+            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
         return longformer_attention(
             q,
             k,
@@ -168,4 +182,4 @@ class LongformerAttention(AttentionBase):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, window={self.window}, global_indices={self.global_indices}"
+        return f"{super().extra_repr()}, window={self.window}, global_indices={self.global_indices}, backend={self.backend!r}"

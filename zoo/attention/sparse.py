@@ -33,6 +33,7 @@ from ._blocks import (
     window_layout,
 )
 from ._common import AttentionBase
+from ._flex import check_backend, flex_attend, sparse_mask, use_flex
 from ._registry import register_attention
 
 __all__ = ["SparseAttention", "sparse_allowed", "sparse_attention"]
@@ -177,6 +178,7 @@ class SparseAttention(AttentionBase):
         pattern: Literal["strided", "fixed"] = "strided",
         block: int = 128,
         num_summary: int = 8,
+        backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
     ) -> None:
         super().__init__(
@@ -200,12 +202,18 @@ class SparseAttention(AttentionBase):
         self.pattern = pattern
         self.block = check_int("block", block, 2)
         self.num_summary = check_int("num_summary", num_summary, 1)
+        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
+        if reference and backend == "flex":
+            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
         if pattern == "fixed" and num_summary > block:
             raise ValueError(f"num_summary={num_summary} is larger than block={block}: expected 1..{block}")
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
+        if not self.reference and use_flex(self.backend, q, dropout_p):
+            pattern = sparse_mask(q.shape[-2], self.pattern, self.block, self.num_summary, is_causal)
+            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
         return sparse_attention(
             q,
             k,
@@ -222,4 +230,4 @@ class SparseAttention(AttentionBase):
 
     def extra_repr(self) -> str:
         extra = f", num_summary={self.num_summary}" if self.pattern == "fixed" else ""
-        return f"{super().extra_repr()}, pattern={self.pattern!r}, block={self.block}{extra}"
+        return f"{super().extra_repr()}, pattern={self.pattern!r}, block={self.block}{extra}, backend={self.backend!r}"

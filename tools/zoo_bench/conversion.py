@@ -1,0 +1,265 @@
+"""The conversion benchmark (`make bench-conversion`): a softmax ViT trained by a shipped recipe at a low resolution
+is converted to each efficient attention at a higher resolution (4x the tokens), and compared with the same student
+trained from scratch for as many steps.
+
+    PYTHONPATH=tools .venv/bin/python -m zoo_bench.conversion --out benchmarks/cpu/conversion.md
+
+For the teacher (`recipes/conversion_teacher.yaml`, trained by the engine into `runs/conversion_teacher` unless a
+run is there) and for each variant, on the test split: the teacher's accuracy at its own resolution and at the
+target one (softmax, `pos_embed` resampled, no training), the student's right after the weights are loaded (the
+swap), after stage 1 (attention transfer; variants without parameters of their own skip it and give its steps to
+stage 2), after stage 2 (fine-tuning with the teacher's logits), and a student of the same model trained from
+scratch for the same number of steps with the teacher's learning rate. Every stage uses the teacher's batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import AcceleratorState
+from accelerate.utils import set_seed
+
+from zoo import load_model
+from zoo.convert import finetune
+from zoo.convert_run import ImagePairs, convert_run, evaluate_model
+from zoo.engine import Trainer, build_loader, build_split
+from zoo.model_kinds import get_model_kind
+from zoo.recipe import Recipe, load_recipe
+
+from .machine import device_name, versions
+
+__all__ = ["main", "run_benchmark"]
+
+_logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+# Each variant at a budget that is efficient on the student's 12 x 12 grid: features, windows and bands well below
+# its 144 tokens (hedgehog's maps start as the identity: feature_dim = head dim).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "hedgehog": {"feature_dim": 32},
+    "linear": {},
+    "performer": {"nb_features": 64},
+    "local": {"window": 24},
+    "window2d": {"window": 4},
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    teacher_recipe: Path = ROOT / "recipes" / "conversion_teacher.yaml"
+    teacher_run: Path = ROOT / "runs" / "conversion_teacher"
+    img_size: int = 96
+    stage1_steps: int = 10
+    stage2_steps: int = 20
+    stage1_lr: float = 1e-2
+    stage2_lr: float = 5e-4
+    distill_weight: float = 0.5
+    variants: Sequence[str] = tuple(VARIANTS)
+
+
+def _reset_accelerate() -> None:
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def teacher_run(settings: Settings) -> tuple[Path, float]:
+    """The teacher's run directory, trained now unless it holds a best checkpoint; and the minutes it took (0
+    when reused)."""
+    if (settings.teacher_run / "checkpoints" / "best").is_dir():
+        _logger.info("reusing the teacher %s", settings.teacher_run)
+        return settings.teacher_run, 0.0
+    start = time.perf_counter()
+    _reset_accelerate()
+    Trainer(load_recipe(settings.teacher_recipe), settings.teacher_run).fit()
+    _reset_accelerate()
+    return settings.teacher_run, (time.perf_counter() - start) / 60
+
+
+def student_recipe(teacher: Recipe, attention: str, options: dict[str, Any], img_size: int) -> Recipe:
+    """The teacher's recipe at `img_size` (the canvas too) with `attention`."""
+    model = dataclasses.replace(
+        teacher.model,
+        img_size=img_size,
+        attention=dataclasses.replace(teacher.model.attention, name=attention, options=options),
+    )
+    data = dataclasses.replace(teacher.data, options={**teacher.data.options, "canvas_size": img_size})
+    return dataclasses.replace(teacher, model=model, data=data)
+
+
+def _top1(metrics: dict[str, Any]) -> float:
+    return float(metrics["top1"])
+
+
+def from_scratch(recipe: Recipe, steps: int, lr: float) -> float:
+    """Test top-1 of the recipe's model trained from its initialisation for `steps` steps (AdamW, cosine)."""
+    set_seed(recipe.seed)
+    kind = get_model_kind(recipe.model.kind)
+    task = kind.task(recipe)
+    train_set = build_split(recipe, "train")
+    model = kind.build(recipe, train_set, task)
+    pairs = ImagePairs(build_loader(recipe, train_set, train=True))
+    finetune(model, pairs, steps, lr=lr, loss_fn=lambda logits, labels: task.loss(logits, labels))
+    return _top1(evaluate_model(model.eval(), recipe, "test"))
+
+
+def run_variant(settings: Settings, teacher: Path, recipe: Recipe, name: str) -> dict[str, Any]:
+    """One row: the student's test top-1 after each stage, and from scratch."""
+    start = time.perf_counter()
+    student = student_recipe(recipe, name, VARIANTS[name], settings.img_size)
+    budget = settings.stage1_steps + settings.stage2_steps
+    _reset_accelerate()
+    result = convert_run(
+        teacher,
+        student,
+        stage1_steps=settings.stage1_steps,
+        stage2_steps=settings.stage2_steps,
+        stage1_lr=settings.stage1_lr,
+        stage2_lr=settings.stage2_lr,
+        distill_weight=settings.distill_weight,
+        eval_split="test",
+    ) if _has_own_parameters(student) else convert_run(
+        teacher, student, stage1_steps=0, stage2_steps=budget, stage2_lr=settings.stage2_lr,
+        distill_weight=settings.distill_weight, eval_split="test",
+    )  # fmt: skip
+    row = {
+        "variant": name,
+        "options": VARIANTS[name],
+        "stage1_steps": result.transfer.steps,
+        "stage2_steps": result.finetune.steps,
+        "swap": _top1(result.metrics["swap"]),
+        "stage1": _top1(result.metrics["stage1"]) if "stage1" in result.metrics else None,
+        "stage2": _top1(result.metrics["stage2"]),
+        "stage1_mse": [result.transfer.losses[0], result.transfer.losses[-1]] if result.transfer.losses else None,
+    }
+    row["scratch"] = from_scratch(student, budget, recipe.optim.lr)
+    row["minutes"] = (time.perf_counter() - start) / 60
+    _logger.info("%s: %s", name, row)
+    return row
+
+
+def _has_own_parameters(recipe: Recipe) -> bool:
+    """Whether the recipe's attention has parameters of its own (stage 1 trains them)."""
+    from zoo.convert import attention_parameters
+
+    kind = get_model_kind(recipe.model.kind)
+    return bool(attention_parameters(kind.build(recipe, build_split(recipe, "train"), kind.task(recipe))))
+
+
+def run_benchmark(settings: Settings) -> dict[str, Any]:
+    """Train (or reuse) the teacher, then convert it to every variant; the numbers behind the report."""
+    start = time.perf_counter()
+    teacher, teacher_minutes = teacher_run(settings)
+    recipe = load_recipe(teacher / "recipe.yaml")
+    summary = json.loads((teacher / "train_summary.json").read_text())
+    _reset_accelerate()
+    model = load_model(teacher)
+    at_own = _top1(evaluate_model(model, recipe, "test"))
+    target = student_recipe(recipe, "softmax", {}, settings.img_size)
+    at_target = _top1(evaluate_model(load_model(teacher, img_size=settings.img_size), target, "test"))
+    _logger.info(
+        "teacher: test top-1 %.3f at %d px, %.3f at %d px", at_own, recipe.model.img_size, at_target, settings.img_size
+    )
+    rows = [run_variant(settings, teacher, recipe, name) for name in settings.variants]
+    return {
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+        "teacher": {
+            "recipe": _shown(settings.teacher_recipe),
+            "img_size": recipe.model.img_size,
+            "steps": summary["steps"],
+            "batch_size": recipe.data.batch_size,
+            "top1": at_own,
+            "top1_at_target": at_target,
+            "minutes": teacher_minutes,
+        },
+        "rows": rows,
+        "minutes": (time.perf_counter() - start) / 60,
+        "device": device_name("cpu"),
+        "threads": torch.get_num_threads(),
+        "versions": versions(),
+    }
+
+
+def _percent(value: float | None, teacher: float) -> str:
+    return "-" if value is None else f"{value:.3f} ({100 * value / teacher:.0f}%)"
+
+
+def report(results: dict[str, Any]) -> str:
+    """The markdown table of `results` (`run_benchmark`)."""
+    teacher, settings = results["teacher"], results["settings"]
+    budget = settings["stage1_steps"] + settings["stage2_steps"]
+    intro = (
+        f"Teacher: `{teacher['recipe']}` (softmax, {teacher['img_size']} px, {teacher['steps']} steps of batch "
+        f"{teacher['batch_size']}), test top-1 **{teacher['top1']:.3f}** at {teacher['img_size']} px and "
+        f"{teacher['top1_at_target']:.3f} at {settings['img_size']} px (softmax, `pos_embed` resampled, no training). "
+        f"Students at {settings['img_size']} px, {budget} steps in all ({100 * budget / teacher['steps']:.0f}% of the "
+        f"teacher's): stage 1 {settings['stage1_steps']} steps (lr {settings['stage1_lr']:g}; a variant without "
+        f"parameters of its own gives them to stage 2), stage 2 {settings['stage2_steps']} steps (lr "
+        f"{settings['stage2_lr']:g}, distillation weight {settings['distill_weight']:g}). From scratch: the same "
+        f"student trained {budget} steps at the teacher's lr. Test top-1 (share of the teacher's)."
+    )
+    header = "| variant | options | after swap | after stage 1 | after stage 2 | from scratch | stage-1 MSE | minutes |"
+    lines = ["# Converting a softmax ViT to efficient attention at 4x the tokens", "", intro, "", header]
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for row in results["rows"]:
+        mse = "-" if row["stage1_mse"] is None else f"{row['stage1_mse'][0]:.3g} -> {row['stage1_mse'][1]:.3g}"
+        options = ", ".join(f"{k}={v}" for k, v in row["options"].items()) or "-"
+        lines.append(
+            f"| {row['variant']} | {options} | {_percent(row['swap'], teacher['top1'])} | "
+            f"{_percent(row['stage1'], teacher['top1'])} | {_percent(row['stage2'], teacher['top1'])} | "
+            f"{_percent(row['scratch'], teacher['top1'])} | {mse} | {row['minutes']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Measured on {results['device']}, {results['threads']} threads, in {results['minutes']:.0f} minutes "
+        f"(teacher training {teacher['minutes']:.0f} of them); "
+        + ", ".join(f"{k} {v}" for k, v in results["versions"].items() if v)
+        + ".",
+        "Reproduce: `make bench-conversion` (reuses `runs/conversion_teacher` when it holds a checkpoint).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _versions(found: dict[str, str | None]) -> str:
+    return ", ".join(f"{name} {version}" for name, version in found.items() if version)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cpu" / "conversion.md")
+    parser.add_argument("--teacher-run", type=Path, default=Settings.teacher_run)
+    parser.add_argument("--img-size", type=int, default=Settings.img_size)
+    parser.add_argument("--stage1-steps", type=int, default=Settings.stage1_steps)
+    parser.add_argument("--stage2-steps", type=int, default=Settings.stage2_steps)
+    parser.add_argument("--stage2-lr", type=float, default=Settings.stage2_lr)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = Settings(
+        teacher_run=args.teacher_run,
+        img_size=args.img_size,
+        stage1_steps=args.stage1_steps,
+        stage2_steps=args.stage2_steps,
+        stage2_lr=args.stage2_lr,
+        variants=args.variants,
+    )
+    results = run_benchmark(settings)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(report(results))
+    print(report(results))
+
+
+if __name__ == "__main__":
+    main()
