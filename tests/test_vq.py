@@ -1,5 +1,6 @@
 """Transformer-VQ: the linear-time path against the quadratic reference, the exact limit, the commitment loss,
 the EMA codebook (padding, gradient accumulation, data-parallel replicas) and the loss reaching training."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -57,7 +58,7 @@ def test_linear_path_equals_quadratic_softmax_over_quantised_keys(is_causal, blo
     codes, keep = quantize(k, codebook), padding()
     # Keys share codes, so the per-code aggregation is really exercised.
     assert all(len(row.unique()) < LENGTH for row in codes.flatten(0, 1))
-    options = dict(scale=0.3, block_len=block_len)
+    options = {"scale": 0.3, "block_len": block_len}
     out = vq_attention(q, k, v, codebook, codes, keep, is_causal, **options)
     expected = vq_attention_reference(q, k, v, codebook, codes, keep, is_causal, **options)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
@@ -211,8 +212,15 @@ def test_all_reduce_under_an_initialised_process_group(tmp_path):
 def test_training_step_adds_the_commitment_loss():
     torch.manual_seed(0)
     model = zoo.create_model(
-        "vit_tiny_patch16_224", attention="vq", attention_options={"codebook_size": 8, "beta": 1.0},
-        img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=10, in_chans=1,
+        "vit_tiny_patch16_224",
+        attention="vq",
+        attention_options={"codebook_size": 8, "beta": 1.0},
+        img_size=32,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=10,
+        in_chans=1,
     ).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     images, labels = torch.randn(2, 1, 32, 32), torch.tensor([1, 3])

@@ -21,13 +21,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from zoo.attention import list_attentions
+from zoo.cli import run_cli
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.measure import DTYPES, PROJECTIONS, Settings
 from zoo_bench.peers import PEER_PREFIX, PEERS
 from zoo_bench.sweep import DEFAULT_LENGTHS, check_variants, parse_options, run_sweep
-
-from zoo.attention import list_attentions
-from zoo.cli import run_cli
 
 
 def parse_args() -> argparse.Namespace:

@@ -6,6 +6,7 @@ block is cheaper than a full one (with torch 2.14 it is only when the keys span 
 
     tools/flash_kernel_tiles.py --length 16384 --threads 2 > benchmarks/cpu/flash_kernel.md
 """
+
 from __future__ import annotations
 
 import argparse

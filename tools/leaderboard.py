@@ -17,12 +17,11 @@ import shlex
 import sys
 from pathlib import Path
 
+from zoo.attention import list_attentions
+from zoo.cli import run_cli
 from zoo_bench.leaderboard import run_leaderboard
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.sweep import parse_options
-
-from zoo.attention import list_attentions
-from zoo.cli import run_cli
 
 
 def parse_args() -> argparse.Namespace:

@@ -24,12 +24,16 @@ from zoo.pretrained import CHECKPOINTS, load_model
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run directory of tools/train.py (or a checkpoint folder, a save_pretrained folder)")
+    parser.add_argument(
+        "run", help="a run directory of tools/train.py (or a checkpoint folder, a save_pretrained folder)"
+    )
     parser.add_argument("inputs", nargs="+", help="files or folders to predict: images, FASTA, CSV or .ts series")
     parser.add_argument("--output", help="a .csv or .json file (default: CSV on stdout)")
     parser.add_argument("--top-k", type=int, default=5, help="classes kept per prediction (default: 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default: 32)")
-    parser.add_argument("--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)")
+    parser.add_argument(
+        "--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)"
+    )
     return parser.parse_args()
 
 

@@ -1,4 +1,26 @@
 """Attention variants behind one interface; each family file registers itself on import."""
+
+from . import (
+    banded_conv,  # noqa: F401
+    bigbird,  # noqa: F401
+    dilated,  # noqa: F401
+    gau,  # noqa: F401
+    hedgehog,  # noqa: F401
+    linear,  # noqa: F401
+    linformer,  # noqa: F401
+    local,  # noqa: F401
+    longformer,  # noqa: F401
+    neighborhood,  # noqa: F401
+    nystrom,  # noqa: F401
+    performer,  # noqa: F401
+    reformer,  # noqa: F401
+    softmax,  # noqa: F401  (registers "softmax")
+    softmax1,  # noqa: F401
+    sparse,  # noqa: F401
+    synthesizer,  # noqa: F401
+    vq,  # noqa: F401
+    window2d,  # noqa: F401
+)
 from ._common import AttentionBase, key_padding_mask, masked_fill_keys, pad_to_multiple
 from ._registry import (
     attention_class,
@@ -10,22 +32,18 @@ from ._registry import (
     on_optimizer_step,
     register_attention,
 )
-from . import softmax  # noqa: E402,F401  (registers "softmax")
-from . import performer  # noqa: E402,F401
-from . import local  # noqa: E402,F401
-from . import dilated  # noqa: E402,F401
-from . import sparse  # noqa: E402,F401
-from . import longformer  # noqa: E402,F401
-from . import bigbird  # noqa: E402,F401
-from . import linformer  # noqa: E402,F401
-from . import nystrom  # noqa: E402,F401
-from . import synthesizer  # noqa: E402,F401
-from . import softmax1  # noqa: E402,F401
-from . import reformer  # noqa: E402,F401
-from . import vq  # noqa: E402,F401
-from . import banded_conv  # noqa: E402,F401
-from . import linear  # noqa: E402,F401
-from . import gau  # noqa: E402,F401
-from . import window2d  # noqa: E402,F401
-from . import neighborhood  # noqa: E402,F401
-from . import hedgehog  # noqa: E402,F401
+
+__all__ = [
+    "AttentionBase",
+    "attention_class",
+    "attention_options",
+    "auxiliary_loss",
+    "create_attention",
+    "get_attention",
+    "key_padding_mask",
+    "list_attentions",
+    "masked_fill_keys",
+    "on_optimizer_step",
+    "pad_to_multiple",
+    "register_attention",
+]

@@ -18,7 +18,7 @@ sum is the count), s - codes, k - blocks, i / j - query / key position in a bloc
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -31,12 +31,12 @@ from ._registry import register_attention
 
 __all__ = [
     "VQAttention",
+    "code_sums",
+    "codewords",
+    "commitment_loss",
+    "quantize",
     "vq_attention",
     "vq_attention_reference",
-    "quantize",
-    "codewords",
-    "code_sums",
-    "commitment_loss",
 ]
 
 
@@ -69,14 +69,14 @@ def codewords(codebook: Tensor, codes: Tensor) -> Tensor:
     return codebook[heads, codes]
 
 
-def code_sums(x: Tensor, codes: Tensor, size: int, mask: Optional[Tensor] = None) -> Tensor:
+def code_sums(x: Tensor, codes: Tensor, size: int, mask: Tensor | None = None) -> Tensor:
     """Per-code sums of `x: [b, h, n, e]` over the kept positions (`mask: [b, n]`, True = keep) -> `[b, h, s, e]`."""
     x = masked_fill_keys(x, mask)
     sums = x.new_zeros(x.shape[0], x.shape[1], size, x.shape[-1])
     return sums.scatter_add(2, codes[..., None].expand_as(x), x)
 
 
-def commitment_loss(k: Tensor, codebook: Tensor, codes: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+def commitment_loss(k: Tensor, codebook: Tensor, codes: Tensor, mask: Tensor | None = None) -> Tensor:
     """`|k - sg(c_z)|^2` summed over heads and dims, averaged over the kept positions -> float32 scalar.
 
     k: `[b, h, n, d]`, codebook `[h, s, d]` (a buffer: no gradient reaches it), codes `[b, h, n]`, mask `[b, n]`.
@@ -109,10 +109,10 @@ def vq_attention(
     v: Tensor,
     codebook: Tensor,
     codes: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     block_len: int = 512,
 ) -> Tensor:
     """Softmax attention over the quantised keys in time linear in the length, through the codebook.
@@ -141,7 +141,7 @@ def vq_attention(
 
 
 def _non_causal(
-    q: Tensor, k: Tensor, v: Tensor, codebook: Tensor, codes: Tensor, mask: Optional[Tensor], scale: float
+    q: Tensor, k: Tensor, v: Tensor, codebook: Tensor, codes: Tensor, mask: Tensor | None, scale: float
 ) -> Tensor:
     """`[b, h, n, d]` attention over the s codes (see `vq_attention`)."""
     d = k.shape[-1]
@@ -162,12 +162,12 @@ def _causal(
     v: Tensor,
     codebook: Tensor,
     codes: Tensor,
-    mask: Optional[Tensor],
+    mask: Tensor | None,
     scale: float,
     block_len: int,
 ) -> Tensor:
     """`[b, h, n, d]` causal attention: exact inside a block, per-code cache of earlier blocks (see `vq_attention`)."""
-    b, h, n, _ = q.shape
+    b, _, n, _ = q.shape
     s = codebook.shape[1]
     w = min(block_len, n)
     keep = mask if mask is not None else torch.ones(b, n, dtype=torch.bool, device=q.device)
@@ -207,10 +207,10 @@ def vq_attention_reference(
     v: Tensor,
     codebook: Tensor,
     codes: Tensor,
-    mask: Optional[Tensor] = None,
+    mask: Tensor | None = None,
     is_causal: bool = False,
     *,
-    scale: Optional[float] = None,
+    scale: float | None = None,
     block_len: int = 512,
 ) -> Tensor:
     """Quadratic reference for `vq_attention`: exact softmax over the straight-through keys `codebook[codes]`.
@@ -287,8 +287,8 @@ class VQAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: Optional[int] = None,
-        dim_out: Optional[int] = None,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
         qkv_bias: bool = False,
         qk_norm: bool = False,
         scale_norm: bool = False,
@@ -296,7 +296,7 @@ class VQAttention(AttentionBase):
         gated: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        norm_layer: Optional[type[nn.Module]] = None,
+        norm_layer: type[nn.Module] | None = None,
         device=None,
         dtype=None,
         *,
@@ -342,12 +342,12 @@ class VQAttention(AttentionBase):
         self.register_buffer("codebook", codebook.to(device=device, dtype=dtype))
         self.register_buffer("ema_count", torch.ones(num_heads, codebook_size, device=device, dtype=dtype))
         self.register_buffer("ema_sum", codebook.to(device=device, dtype=dtype))
-        self.aux_loss: Optional[Tensor] = None
+        self.aux_loss: Tensor | None = None
         # Sum of [k, 1] per code since the last optimizer step, [h, s, d + 1] float32: not a buffer, so DDP's
         # buffer broadcast never overwrites a replica's own statistics with rank 0's.
-        self.pending: Optional[Tensor] = None
+        self.pending: Tensor | None = None
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         codes = quantize(k, self.codebook)
         attention = vq_attention_reference if self.reference else vq_attention
         out = attention(q, k, v, self.codebook, codes, mask, is_causal, scale=self.scale, block_len=self.block_len)
@@ -357,7 +357,7 @@ class VQAttention(AttentionBase):
             self.aux_loss = None
         return out
 
-    def _commit(self, k: Tensor, codes: Tensor, mask: Optional[Tensor]) -> None:
+    def _commit(self, k: Tensor, codes: Tensor, mask: Tensor | None) -> None:
         """Leave the commitment loss in `aux_loss` and count the keys, once per training forward.
 
         A recomputation (gradient checkpointing, a reversible stack's backward) runs inside backward and repeats
@@ -374,7 +374,7 @@ class VQAttention(AttentionBase):
             self.aux_loss = loss
 
     @torch.no_grad()
-    def record(self, k: Tensor, codes: Tensor, mask: Optional[Tensor]) -> None:
+    def record(self, k: Tensor, codes: Tensor, mask: Tensor | None) -> None:
         """Add the per-code sums of the kept keys `k: [b, h, n, d]` and their counts to `pending`."""
         stats = code_sums(_with_ones(k.detach().float()), codes, self.codebook_size, mask).sum(0)
         self.pending = stats if self.pending is None else self.pending + stats

@@ -316,7 +316,7 @@ def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, sour
     resampled), then a `WeightsError` for what loading cannot adapt: another architecture, width, depth, MLP width."""
     try:
         fitted = vit_checkpoint_filter_fn(state, model)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - re-raised below as a WeightsError naming the file
         # timm's filter fails in many ways on weights of another shape or layout: the check names what differs
         check_state_dict(model, state, source, adapt=True)
         raise WeightsError(f"{source}: timm's ViT conversion failed: {str(error).splitlines()[0]}") from None
