@@ -246,3 +246,20 @@ def test_a_sequence_run_loads_with_its_sizes_and_inputs(tmp_path, monkeypatch):
     torch.testing.assert_close(model(tokens, None), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="construction overrides rebuild ViT models"):
         zoo.load_model(run_dir, img_size=64)
+
+
+def test_an_image_folder_run_records_its_classes_and_timms_eval_transform(tmp_path):
+    from PIL import Image
+
+    from zoo.runs import describe_model
+
+    for split in ("train", "val"):
+        for name in ("cat", "dog"):
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / split / name / "a.png")
+    recipe = vit_recipe(tmp_path, data={"name": "folder", "root": str(tmp_path), "options": {}})
+    kind = get_model_kind(recipe.model.kind)
+    description = describe_model(recipe, build_split(recipe, "train"), kind.task(recipe))
+    assert description["label_names"] == ["cat", "dog"] and description["sizes"] == {"num_classes": 2, "in_chans": 3}
+    cfg = description["pretrained_cfg"]
+    assert cfg["input_size"] == [3, 32, 32] and cfg["crop_pct"] == 0.875 and cfg["mean"] == [0.485, 0.456, 0.406]

@@ -7,6 +7,7 @@
 - `report`: slope and crossover fits, `results.md`, `time.png` and `memory.png`.
 - `machine`: the device's name, its results folder and the package versions of a measurement.
 - `leaderboard`, `leaderboard_report`: every variant trained on one task recipe under one step budget.
+- `conversion`: a softmax teacher converted to each variant at 4x the tokens (`make bench-conversion`).
 
 The command lines are `tools/benchmark.py` and `tools/leaderboard.py`, which find this package beside them; tests
 put `tools/` on `sys.path`. Nothing is imported here, so each module costs only what it uses.

@@ -172,7 +172,7 @@ def run_benchmark(settings: Settings) -> dict[str, Any]:
     )
     rows = [run_variant(settings, teacher, recipe, name) for name in settings.variants]
     return {
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+        "settings": {k: _shown(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
         "teacher": {
             "recipe": _shown(settings.teacher_recipe),
             "img_size": recipe.model.img_size,

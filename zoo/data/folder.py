@@ -91,6 +91,10 @@ class ImageFolderDataset(Dataset):
             (every image decoded now, the unreadable ones left out and counted).
     """
 
+    # what the evaluation transform does (timm's create_transform defaults), recorded in a run's model.json
+    interpolation = "bilinear"
+    crop_pct = 0.875
+
     def __init__(
         self,
         root: str,
