@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu bench-conversion clean
+.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ bench-gpu: bench-peers
 # each efficient attention at 4x the tokens, against the same students trained from scratch.
 bench-conversion: $(STAMP)
 	PYTHONPATH=tools $(PY) -m zoo_bench.conversion --out benchmarks/cpu/conversion.md
+
+# The high-resolution comparison behind benchmarks/cpu/highres.md (tools/zoo_bench/highres.py): recipes/highres_quick.yaml
+# with softmax, local, window2d, window2d + global blocks, neighborhood and performer, the same steps and seeds, and
+# one training step of each at 512 px (16,384 tokens). It resumes from benchmarks/cpu/highres.json.
+bench-highres: $(STAMP)
+	PYTHONPATH=tools $(PY) -m zoo_bench.highres --out benchmarks/cpu/highres.md
 
 # Every folder that holds Python files (the benchmark code is tools/zoo_bench; benchmarks/ holds only results).
 lint: $(STAMP)

@@ -75,8 +75,9 @@ def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
     (out / "leaderboard_ucr_acsf1_quick.json").write_text(json.dumps(saved))
     ran = []
 
-    def fake_run(recipe_path, recipe, variant, seed, budget_steps, run_dir, *, options, timeout):
+    def fake_run(recipe_path, recipe, variant, seed, budget_steps, run_dir, *, options, timeout, extra=()):
         ran.append((variant, seed))
+        assert extra == ()
         test = {"top1": 0.5, "samples": 100}
         return {
             "variant": variant,
@@ -99,6 +100,27 @@ def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
     assert len(results["records"]) == 6
     with pytest.raises(ValueError, match="budget_steps=2, this one has 3"):
         leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=3, runs_dir=tmp_path)
+    # overrides for every run are part of the protocol: such a sweep never resumes a plain one
+    pretrain = ("train.pretrain.objective=mlm", "train.pretrain.epochs=1")
+    with pytest.raises(ValueError, match=r"sets=\[\], this one has \['train.pretrain.objective=mlm'"):
+        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=2, runs_dir=tmp_path, extra=pretrain)
+
+
+def test_overrides_for_every_run_reach_each_run_and_are_checked_first(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run(recipe_path, recipe, variant, seed, budget_steps, run_dir, *, options, timeout, extra=()):
+        seen.append(extra)
+        return {"variant": variant, "seed": seed, "options": options, "status": "error", "message": "stop"}
+
+    monkeypatch.setattr(leaderboard, "train_and_test", fake_run)
+    monkeypatch.setattr(leaderboard_report, "write_report", lambda results, out_dir: None)
+    extra = ("data.batch_size=4",)
+    results = leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax"], budget_steps=2, extra=extra)
+    assert seen == [extra] and results["protocol"]["sets"] == ["data.batch_size=4"]
+    assert "seed=S data.batch_size=4;" in results["protocol"]["run"]
+    with pytest.raises(ValueError, match="no_such_key"):
+        leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax"], budget_steps=2, extra=("no_such_key=1",))
 
 
 def _record(variant, seed, top1=None, status="ok"):
@@ -145,6 +167,8 @@ def test_the_recipes_own_options_stay_with_its_own_variant():
     assert own == ["model.attention.name=performer", "train.max_steps=5", "train.epochs=5", "seed=1"]
     other = leaderboard.overrides(recipe, "linformer", 0, 5, {"max_seq_len": 2048})
     assert other[-2:] == ["model.attention.options={}", "model.attention.options.max_seq_len=2048"]
+    layout = leaderboard.overrides(recipe, "window2d", 0, 5, {}, ("model.global_blocks=[1]",))
+    assert layout[-1] == "model.global_blocks=[1]"
 
 
 def test_default_variants_are_those_that_serve_the_task():

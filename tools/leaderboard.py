@@ -6,6 +6,8 @@ Each run is tools/train.py then tools/eval.py in fresh processes (tools/zoo_benc
 (error, out of memory, NaN, timeout) gets its row with the reason. Run it again to resume a stopped sweep.
 
     tools/leaderboard.py recipes/lra_listops_quick.yaml --budget-steps 600 --seeds 2
+    tools/leaderboard.py recipes/lra_pathfinder32_quick.yaml --variants softmax linear --budget-steps 100 \
+        --set train.pretrain.objective=mlm train.pretrain.epochs=1 --out benchmarks/cpu/pretrain_mlm
     tools/leaderboard.py recipes/ucr_acsf1_quick.yaml --variants softmax linear performer --budget-steps 200
     tools/leaderboard.py recipes/lra_listops.yaml --option linformer.max_seq_len=2048 synthesizer.max_seq_len=2048
 """
@@ -46,6 +48,15 @@ def parse_args() -> argparse.Namespace:
         metavar="VARIANT.KEY=VALUE",
         help="an attention option of one variant, value read as YAML",
     )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override for every run (train.pretrain.objective=mlm, say); pass another --out",
+    )
     parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/leaderboard/<task>)")
     parser.add_argument(
@@ -73,6 +84,7 @@ def main() -> None:
         options=options,
         timeout=args.timeout,
         retry_failed=args.retry_failed,
+        extra=tuple(args.sets),
         command=shlex.join(["tools/leaderboard.py", *sys.argv[1:]]),
         log=print,
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 
 from zoo._validate import check_int
 from zoo.attention import get_attention, list_attentions
@@ -73,8 +74,15 @@ def default_variants(task: str, model_kind: str) -> list[str]:
     return chosen
 
 
-def overrides(recipe: dict[str, Any], variant: str, seed: int, budget_steps: int, options: dict[str, Any]) -> list[str]:
-    """The `--set` items of one run (values as JSON, which the recipe reads as YAML)."""
+def overrides(
+    recipe: dict[str, Any],
+    variant: str,
+    seed: int,
+    budget_steps: int,
+    options: dict[str, Any],
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    """The `--set` items of one run (values as JSON, which the recipe reads as YAML); `extra` items go last."""
     items = [f"model.attention.name={variant}", f"train.max_steps={budget_steps}", f"train.epochs={budget_steps}"]
     items.append(f"seed={seed}")
     own = recipe["model"]["attention"]
@@ -82,7 +90,7 @@ def overrides(recipe: dict[str, Any], variant: str, seed: int, budget_steps: int
     if own.get("options") and variant != own["name"]:
         items.append("model.attention.options={}")
     items += [f"model.attention.options.{key}={json.dumps(value)}" for key, value in options.items()]
-    return items
+    return items + list(extra)
 
 
 def _tree_rss(process: psutil.Process) -> int:
@@ -181,13 +189,15 @@ def train_and_test(
     *,
     options: dict[str, Any],
     timeout: float,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One (variant, seed): train in a fresh process, test in another -> its record (failures included)."""
+    """One (variant, seed): train in a fresh process, test in another -> its record (failures included). `extra`:
+    more `--set` items (another model layout, say)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     record: dict[str, Any] = {"variant": variant, "seed": seed, "options": options, "run_dir": str(run_dir)}
     train = [sys.executable, str(TOOLS / "train.py"), str(recipe_path), "--output", str(run_dir), "--overwrite"]
-    train += ["--set", *overrides(recipe, variant, seed, budget_steps, options)]
+    train += ["--set", *overrides(recipe, variant, seed, budget_steps, options, extra)]
     trained = run_child(train, run_dir / "train.log", timeout)
     peak = trained["peak_rss_mib"]
     record.update(train_wall_s=trained["wall_s"], peak_rss_mib=peak, peak_mib=peak)
@@ -210,8 +220,11 @@ def train_and_test(
     return {**record, **read_run(run_dir)}
 
 
-def protocol(recipe_path: Path, recipe: dict[str, Any], budget_steps: int, device: str) -> dict[str, Any]:
+def protocol(
+    recipe_path: Path, recipe: dict[str, Any], budget_steps: int, device: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """What every run of the sweep shares; a resumed sweep must match it (`_RESUME_KEYS`)."""
+    sets = "".join(f" {item}" for item in extra)
     model, data = recipe["model"], recipe["data"]
     return {
         "task": recipe["name"],
@@ -225,16 +238,21 @@ def protocol(recipe_path: Path, recipe: dict[str, Any], budget_steps: int, devic
         "device": device,
         "device_name": device_name(device),
         "cpu_count": os.cpu_count(),
+        # the runs inherit this process's OMP_NUM_THREADS, as torch reads it
+        "threads": torch.get_num_threads(),
         "memory": (
             "peak resident set of the training process tree, sampled every 0.2 s (a GPU run's CUDA allocator peak "
             "instead where its train_summary.json holds cuda_peak_mib)"
         ),
         "run": "tools/train.py RECIPE --output RUN --overwrite --set model.attention.name=V "
-        f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S; tools/eval.py RUN --split test",
+        f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}; tools/eval.py RUN --split test",
+        "sets": list(extra),
     }
 
 
-_RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention")
+_RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention", "sets")
+# what a sweep saved before a key existed had: the same as leaving it out now
+_KEY_DEFAULTS: dict[str, Any] = {"sets": []}
 
 
 def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -243,9 +261,10 @@ def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> l
         return []
     saved = json.loads(path.read_text())
     for key in _RESUME_KEYS:
-        if saved["protocol"].get(key) != proto[key]:
+        earlier = saved["protocol"].get(key, _KEY_DEFAULTS.get(key))
+        if earlier != proto[key]:
             raise ValueError(
-                f"{path} holds a sweep with {key}={saved['protocol'].get(key)!r}, this one has {proto[key]!r}: "
+                f"{path} holds a sweep with {key}={earlier!r}, this one has {proto[key]!r}: "
                 "pass another --out, or the same settings to resume it"
             )
     log(f"resuming {path}: {len(saved['records'])} runs done")
@@ -263,6 +282,7 @@ def run_leaderboard(
     options: dict[str, dict[str, Any]] | None = None,
     timeout: float = 3600.0,
     retry_failed: bool = False,
+    extra: tuple[str, ...] = (),
     command: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
@@ -270,13 +290,15 @@ def run_leaderboard(
     writes `leaderboard_<task>.{json,md,png}` to `out_dir` after every run and returns the results.
 
     `budget_steps` defaults to the recipe's `train.max_steps`. Runs go to `runs_dir/<variant>_seed<S>` (default
-    `runs/leaderboard/<task>`). Pairs already in the saved results are skipped; with `retry_failed`, failed ones
+    `runs/leaderboard/<task>`). `extra`: `--set` items for every run (self-pretraining, say), part of the
+    protocol; such a sweep belongs in another `out_dir` than the plain one. Pairs already in the saved results are skipped; with `retry_failed`, failed ones
     run again. A variant whose options differ from its saved records' is run again from scratch.
     """
     from .leaderboard_report import write_report
 
     recipe_path = Path(recipe_path).resolve()
-    recipe = recipe_to_dict(load_recipe(recipe_path))
+    extra = tuple(extra)
+    recipe = recipe_to_dict(load_recipe(recipe_path, extra))  # a bad --set item fails here, before any run
     budget_steps = recipe["train"].get("max_steps") if budget_steps is None else budget_steps
     if budget_steps is None:
         raise ValueError(f"--budget-steps is needed: recipe {recipe_path.name} sets no train.max_steps")
@@ -285,7 +307,7 @@ def run_leaderboard(
     variants = list(dict.fromkeys(variants or default_variants(recipe["task"], recipe["model"]["kind"])))
     options = options or {}
     device = default_device()
-    proto = protocol(recipe_path, recipe, budget_steps, device)
+    proto = protocol(recipe_path, recipe, budget_steps, device, extra)
     out_dir = Path(out_dir)
     path = out_dir / f"leaderboard_{recipe['name']}.json"
     runs_dir = Path(runs_dir) if runs_dir else Path("runs") / "leaderboard" / recipe["name"]
@@ -318,7 +340,7 @@ def run_leaderboard(
             else:
                 run_dir = runs_dir / f"{variant}_seed{seed}"
                 run = (recipe_path, recipe, variant, seed, budget_steps, run_dir)
-                record = train_and_test(*run, options=options.get(variant, {}), timeout=timeout)
+                record = train_and_test(*run, options=options.get(variant, {}), timeout=timeout, extra=extra)
             record["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             records.append(record)
             log(_describe(record))

@@ -147,7 +147,7 @@ def write_markdown(results: dict[str, Any], rows: list[dict[str, Any]], path: Pa
             f"- LRA: Tay et al. 2020, Table 1, column {column}, the row of the variant's family (- : no family there). "
             "LRA trained larger models for longer under its own protocol: compare the ranking, not the numbers."
         ),
-        f"- Device: {proto['device_name']} ({proto['cpu_count']} CPUs).",
+        f"- Device: {proto['device_name']} ({proto['cpu_count']} CPUs; {proto.get('threads', '?')} torch threads per run).",
         "",
         (
             f"| rank | variant | test {key}{unit} | seeds done | wall time (s) | samples/s | peak memory (MiB) "
