@@ -61,7 +61,7 @@ bench-conversion: $(STAMP)
 
 # The high-resolution comparison behind benchmarks/cpu/highres.md (tools/zoo_bench/highres.py): recipes/highres_quick.yaml
 # with softmax, local, window2d, window2d + global blocks, neighborhood and performer, the same steps and seeds, and
-# one training step of each at 512 px (16,384 tokens). It resumes from benchmarks/cpu/highres.json.
+# one training step of each at 2048 px (16,384 tokens). It resumes from benchmarks/cpu/highres.json.
 bench-highres: $(STAMP)
 	PYTHONPATH=tools $(PY) -m zoo_bench.highres --out benchmarks/cpu/highres.md
 

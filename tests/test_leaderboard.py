@@ -101,9 +101,9 @@ def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="budget_steps=2, this one has 3"):
         leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=3, runs_dir=tmp_path)
     # overrides for every run are part of the protocol: such a sweep never resumes a plain one
-    pretrain = ("train.pretrain.objective=mlm", "train.pretrain.epochs=1")
-    with pytest.raises(ValueError, match=r"sets=\[\], this one has \['train.pretrain.objective=mlm'"):
-        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=2, runs_dir=tmp_path, extra=pretrain)
+    smaller = ("data.batch_size=4",)
+    with pytest.raises(ValueError, match=r"sets=\[\], this one has \['data.batch_size=4'\]"):
+        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, budget_steps=2, runs_dir=tmp_path, extra=smaller)
 
 
 def test_overrides_for_every_run_reach_each_run_and_are_checked_first(tmp_path, monkeypatch):
@@ -119,6 +119,9 @@ def test_overrides_for_every_run_reach_each_run_and_are_checked_first(tmp_path, 
     results = leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax"], budget_steps=2, extra=extra)
     assert seen == [extra] and results["protocol"]["sets"] == ["data.batch_size=4"]
     assert "seed=S data.batch_size=4;" in results["protocol"]["run"]
+    # a later seed alone, for a second process to run beside the first
+    later = leaderboard.run_leaderboard(RECIPE, tmp_path / "later", variants=["softmax"], budget_steps=2, first_seed=1)
+    assert [r["seed"] for r in later["records"]] == [1] and later["protocol"]["seeds"] == [1]
     with pytest.raises(ValueError, match="no_such_key"):
         leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax"], budget_steps=2, extra=("no_such_key=1",))
 
@@ -159,6 +162,13 @@ def test_a_nan_loss_fails_the_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)))
     record = leaderboard.read_run(tmp_path)
     assert record["status"] == "nan" and record["message"] == "train_loss is nan at step 2"
+
+
+def test_a_run_the_engine_stopped_on_a_nan_loss_is_a_nan_row(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("epoch 1\nerror: zoo.engine.NonFiniteError: non-finite loss (nan) at step 135 (epoch 1)\n")
+    reason = leaderboard._reason(log, 1)
+    assert reason["status"] == "nan" and reason["message"].startswith("zoo.engine.NonFiniteError: non-finite loss")
 
 
 def test_the_recipes_own_options_stay_with_its_own_variant():

@@ -40,6 +40,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--seeds", type=int, default=1, metavar="K", help="seeds 0..K-1 per variant (default: 1)")
     parser.add_argument(
+        "--first-seed", type=int, default=0, metavar="S", help="start at seed S: seeds S..S+K-1 (default: 0)"
+    )
+    parser.add_argument(
         "--option",
         dest="options",
         nargs="+",
@@ -80,6 +83,7 @@ def main() -> None:
         variants=args.variants,
         budget_steps=args.budget_steps,
         seeds=args.seeds,
+        first_seed=args.first_seed,
         runs_dir=args.runs_dir,
         options=options,
         timeout=args.timeout,

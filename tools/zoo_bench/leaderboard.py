@@ -136,7 +136,7 @@ def run_child(command: list[str], log: Path, timeout: float) -> dict[str, Any]:
 
 
 def _reason(log: Path, returncode: int) -> dict[str, str]:
-    """A failed process's status (oom or error) and one-line message, from the end of its log."""
+    """A failed process's status (oom, nan or error) and one-line message, from the end of its log."""
     lines = [line.strip() for line in re.split(r"[\r\n]+", log.read_text(errors="replace")) if line.strip()]
     # run_cli's one line for a user error, else the exception line of a traceback, else the last line
     message = next((line[len("error: ") :] for line in reversed(lines) if line.startswith("error: ")), None)
@@ -151,7 +151,9 @@ def _reason(log: Path, returncode: int) -> dict[str, str]:
     oom = returncode == -signal.SIGKILL or any(
         sign in text for sign in ("out of memory", "can't allocate memory", "outofmemoryerror", "memoryerror")
     )
-    return {"status": "oom" if oom else "error", "message": message[:500]}
+    # the engine stops a run whose loss turns NaN or infinite (zoo.engine.NonFiniteError)
+    status = "oom" if oom else "nan" if "non-finite loss" in text else "error"
+    return {"status": status, "message": message[:500]}
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -228,7 +230,7 @@ def protocol(
     model, data = recipe["model"], recipe["data"]
     return {
         "task": recipe["name"],
-        "recipe": str(recipe_path),
+        "recipe": _shown(recipe_path),
         "objective": recipe["task"],
         "model": {key: model.get(key) for key in _MODEL_KEYS[model.get("kind") == "vit"] if key in model},
         "recipe_attention": model["attention"],
@@ -248,6 +250,11 @@ def protocol(
         f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}; tools/eval.py RUN --split test",
         "sets": list(extra),
     }
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it: committed reports name no home folder."""
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 _RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention", "sets")
@@ -278,6 +285,7 @@ def run_leaderboard(
     variants: list[str] | None = None,
     budget_steps: int | None = None,
     seeds: int = 1,
+    first_seed: int = 0,
     runs_dir: Path | str | None = None,
     options: dict[str, dict[str, Any]] | None = None,
     timeout: float = 3600.0,
@@ -286,13 +294,15 @@ def run_leaderboard(
     command: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Train and test every variant x seed (seeds 0..seeds-1, seed-major, so each seed's table fills in turn);
+    """Train and test every variant x seed (seeds first_seed.. first_seed+seeds-1, seed-major, so each seed's table
+    fills in turn; a later seed's sweep can run in another process, with another `out_dir`, and be merged);
     writes `leaderboard_<task>.{json,md,png}` to `out_dir` after every run and returns the results.
 
     `budget_steps` defaults to the recipe's `train.max_steps`. Runs go to `runs_dir/<variant>_seed<S>` (default
     `runs/leaderboard/<task>`). `extra`: `--set` items for every run (self-pretraining, say), part of the
-    protocol; such a sweep belongs in another `out_dir` than the plain one. Pairs already in the saved results are skipped; with `retry_failed`, failed ones
-    run again. A variant whose options differ from its saved records' is run again from scratch.
+    protocol; such a sweep belongs in another `out_dir` than the plain one. Pairs already in the saved results are
+    skipped; with `retry_failed`, failed ones run again. A variant whose options differ from its saved records' is
+    run again from scratch.
     """
     from .leaderboard_report import write_report
 
@@ -304,6 +314,8 @@ def run_leaderboard(
         raise ValueError(f"--budget-steps is needed: recipe {recipe_path.name} sets no train.max_steps")
     check_int("budget_steps", budget_steps, 1)
     check_int("seeds", seeds, 1)
+    check_int("first_seed", first_seed, 0)
+    seed_list = list(range(first_seed, first_seed + seeds))
     variants = list(dict.fromkeys(variants or default_variants(recipe["task"], recipe["model"]["kind"])))
     options = options or {}
     device = default_device()
@@ -323,12 +335,12 @@ def run_leaderboard(
     results["protocol"].update(
         command=command or " ".join(sys.argv),
         variants=variants,
-        seeds=list(range(seeds)),
+        seeds=seed_list,
         options=options,
         versions=versions(),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    for seed in range(seeds):
+    for seed in seed_list:
         for variant in variants:
             if (variant, seed) in done:
                 continue
