@@ -19,7 +19,7 @@ Wiring a 1-D family's `backend` option (one call in its `attend`, when `use_flex
                             scale=self.scale)
 
 with `mask` the `[b, n]` key padding mask `attend` receives, and the constructor checking its option with
-`check_backend(backend, attn_drop)`. `window2d` and `neighborhood` call `window2d_mask` / `neighborhood_mask`.
+`check_backend(backend, attn_drop, reference)`. `window2d` and `neighborhood` call `window2d_mask` / `neighborhood_mask`.
 
 Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks, r - random blocks per block.
 """
@@ -81,14 +81,17 @@ class FlexMask:
     order: Tensor | None = None
 
 
-def check_backend(backend: str, attn_drop: float = 0.0) -> str:
-    """Validate a variant's `backend` option (`auto`, `torch` or `flex`) at construction."""
+def check_backend(backend: str, attn_drop: float = 0.0, reference: bool = False) -> str:
+    """Validate a variant's `backend` option (`auto`, `torch` or `flex`) at construction, against its dropout and
+    its `reference` switch (the dense reference and the FlexAttention path exclude each other)."""
     if backend not in BACKENDS:
         raise ValueError(
             f"backend={backend!r} is not allowed{did_you_mean(backend, BACKENDS)}: expected one of {BACKENDS}"
         )
     if backend == "flex" and attn_drop > 0:
         raise ValueError(f"backend='flex' cannot apply attn_drop={attn_drop} (FlexAttention has no dropout): use 0")
+    if backend == "flex" and reference:
+        raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
     return backend
 
 

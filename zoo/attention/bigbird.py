@@ -215,10 +215,8 @@ class BigBirdAttention(AttentionBase):
         )
         self.block_size = check_int("block_size", block_size, 1)
         self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
-        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
-        if reference and backend == "flex":
-            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
+        self.backend = check_backend(backend, attn_drop, self.reference)
         # Drawn from the global generator once, then saved with the weights: every call, replica and resumed run
         # uses the same random blocks.
         self.register_buffer("random_seed", torch.randint(2**62, ()).to(device), persistent=True)

@@ -141,10 +141,8 @@ class DilatedAttention(AttentionBase):
         )
         self.window = check_int("window", window, 1)
         self.dilation = check_int("dilation", dilation, 1)
-        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
-        if reference and backend == "flex":
-            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
+        self.backend = check_backend(backend, attn_drop, self.reference)
         if window < dilation:
             raise ValueError(f"window={window} is shorter than dilation={dilation}; use window >= dilation")
 

@@ -112,10 +112,8 @@ class LocalAttention(AttentionBase):
             dtype,
         )
         self.window = check_int("window", window, 1)
-        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
-        if reference and backend == "flex":
-            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
+        self.backend = check_backend(backend, attn_drop, self.reference)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0

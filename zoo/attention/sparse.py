@@ -202,10 +202,8 @@ class SparseAttention(AttentionBase):
         self.pattern = pattern
         self.block = check_int("block", block, 2)
         self.num_summary = check_int("num_summary", num_summary, 1)
-        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
-        if reference and backend == "flex":
-            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
+        self.backend = check_backend(backend, attn_drop, self.reference)
         if pattern == "fixed" and num_summary > block:
             raise ValueError(f"num_summary={num_summary} is larger than block={block}: expected 1..{block}")
 

@@ -195,10 +195,8 @@ class GridAttention(AttentionBase):
         """Check and set the grid options; called by the subclass constructors after `AttentionBase.__init__`."""
         self.grid_size = None if grid_size is None else check_grid(grid_size)
         self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, 0)
-        self.backend = check_backend(backend, attn_drop)
         self.reference = check_bool("reference", reference)
-        if reference and backend == "flex":
-            raise ValueError("reference=True is the dense reference, backend='flex' the FlexAttention path: pick one")
+        self.backend = check_backend(backend, attn_drop, self.reference)
 
     def set_grid(self, grid_size: tuple[int, int]) -> None:
         """The patch grid `(rows, cols)` of the next forwards (the model calls it when the image size changes)."""
