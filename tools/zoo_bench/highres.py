@@ -112,7 +112,7 @@ def run_comparison(
         "steps": saved.get("steps", {}),
     }
     done = {(r["layout"], r["seed"]) for r in results["runs"]}
-    for layout, spec in LAYOUTS.items():
+    for layout in LAYOUTS:
         if layout not in results["steps"]:
             results["steps"][layout] = _step_child(layout, img_size, threads, runs_dir)
             log(f"{layout}: {img_size} px step {results['steps'][layout]}")
@@ -121,7 +121,7 @@ def run_comparison(
         for layout, spec in LAYOUTS.items():
             if (layout, seed) in done:
                 continue
-            run_dir = runs_dir / f"{layout.replace(' ', '').replace(',', '_')}_seed{seed}"
+            run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
             record = train_and_test(
                 RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
                 options=spec["options"], timeout=7200.0, extra=tuple(spec.get("extra", ())),
@@ -132,14 +132,22 @@ def run_comparison(
     return results
 
 
+def _slug(layout: str) -> str:
+    """A layout's name as a folder or file name: `window2d + global [2, 5]` -> `window2d+global[2_5]`."""
+    return layout.replace(" ", "").replace(",", "_")
+
+
 def _step_child(layout: str, img_size: int, threads: int, runs_dir: Path) -> dict[str, Any]:
     runs_dir.mkdir(parents=True, exist_ok=True)
     # the child imports zoo_bench as the parent did, from wherever it was started
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tools"), os.environ.get("PYTHONPATH")]))
-    log = runs_dir / f"step_{layout.replace(' ', '').replace(',', '_')}.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tools"), os.environ.get("PYTHONPATH")])),
+    }
+    log = runs_dir / f"step_{_slug(layout)}.log"
     command = [sys.executable, "-m", "zoo_bench.highres", "--step", layout, "--img-size", str(img_size)]
     command += ["--threads", str(threads)]
-    finished = run_child(command, log, timeout=1800.0)
+    finished = run_child(command, log, timeout=1800.0, env=env)
     if finished["returncode"] != 0:
         return {"status": "error", "message": log.read_text()[-500:]}
     return {"status": "ok", **json.loads(log.read_text().strip().splitlines()[-1])}

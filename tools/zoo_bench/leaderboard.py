@@ -113,11 +113,12 @@ def _stop_tree(process: psutil.Process) -> None:
             pass
 
 
-def run_child(command: list[str], log: Path, timeout: float) -> dict[str, Any]:
-    """Run `command` (output to `log`) -> returncode (None: timed out), wall_s and the tree's peak_rss_mib."""
+def run_child(command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `command` (output to `log`; `env`: its environment, default this one's) -> returncode (None: timed out),
+    wall_s and the tree's peak_rss_mib."""
     start, peak, timed_out = time.perf_counter(), 0, False
     with open(log, "w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
             peak = max(peak, _tree_rss(watched))
