@@ -35,13 +35,13 @@ from zoo.engine import Trainer, build_loader, build_split
 from zoo.model_kinds import get_model_kind
 from zoo.recipe import Recipe, load_recipe
 
-from .machine import device_name, versions
+from .machine import REPO_ROOT as ROOT
+from .machine import device_name, shown_path, versions
 
 __all__ = ["main", "run_benchmark"]
 
 _logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
 # Each variant at a budget that is efficient on the student's 12 x 12 grid (145 tokens with the class token):
 # features and windows well below it; hedgehog's maps start as the identity (feature_dim = head dim 32); local's
 # band is a row either side in raster order, window2d's windows 4 x 4 patches.
@@ -172,9 +172,9 @@ def run_benchmark(settings: Settings) -> dict[str, Any]:
     )
     rows = [run_variant(settings, teacher, recipe, name) for name in settings.variants]
     return {
-        "settings": {k: _shown(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+        "settings": {k: shown_path(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
         "teacher": {
-            "recipe": _shown(settings.teacher_recipe),
+            "recipe": shown_path(settings.teacher_recipe),
             "img_size": recipe.model.img_size,
             "steps": summary["steps"],
             "batch_size": recipe.data.batch_size,
@@ -227,10 +227,6 @@ def report(results: dict[str, Any]) -> str:
     lines += ["", textwrap.fill(measured, 115)]
     lines += ["Reproduce: `make bench-conversion` (reuses `runs/conversion_teacher` when it holds a checkpoint).", ""]
     return "\n".join(lines)
-
-
-def _shown(path: Path) -> str:
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _teacher_time(minutes: float) -> str:

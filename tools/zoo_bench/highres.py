@@ -29,11 +29,11 @@ from typing import Any
 from zoo.recipe import load_recipe, recipe_to_dict
 
 from .leaderboard import run_child, train_and_test
-from .machine import default_device, device_name, versions
+from .machine import REPO_ROOT as ROOT
+from .machine import default_device, device_name, shown_path, versions
 
 __all__ = ["LAYOUTS", "main", "run_comparison", "step_time"]
 
-ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "highres_quick.yaml"
 # Each layout: the attention of every block, its options, and the `--set` items of another layout. The windowed
 # ones see about 16-25 keys per query: 4 x 4 windows, a 5 x 5 neighbourhood, local's +-16 band (a patch row either
@@ -99,7 +99,7 @@ def run_comparison(
     saved = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     results = {
         "protocol": {
-            "recipe": str(RECIPE.relative_to(ROOT)),
+            "recipe": shown_path(RECIPE),
             "budget_steps": budget_steps,
             "seeds": list(range(seeds)),
             "step_img_size": img_size,

@@ -41,7 +41,7 @@ from zoo._validate import check_int
 from zoo.attention import get_attention, list_attentions
 from zoo.recipe import load_recipe, recipe_to_dict
 
-from .machine import default_device, device_name, versions
+from .machine import default_device, device_name, shown_path, versions
 
 __all__ = ["FAILED", "default_variants", "read_run", "run_leaderboard", "train_and_test"]
 
@@ -231,7 +231,7 @@ def protocol(
     model, data = recipe["model"], recipe["data"]
     return {
         "task": recipe["name"],
-        "recipe": _shown(recipe_path),
+        "recipe": shown_path(recipe_path, Path.cwd()),
         "objective": recipe["task"],
         "model": {key: model.get(key) for key in _MODEL_KEYS[model.get("kind") == "vit"] if key in model},
         "recipe_attention": model["attention"],
@@ -251,11 +251,6 @@ def protocol(
         f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}; tools/eval.py RUN --split test",
         "sets": list(extra),
     }
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the working directory where it lies below it: committed reports name no home folder."""
-    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
 
 
 _RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention", "sets")

@@ -1,4 +1,5 @@
-"""Where a measurement ran: the device's name, its results folder (`benchmarks/<slug>`) and package versions."""
+"""Where a measurement ran: the device's name, its results folder (`benchmarks/<slug>`), package versions, and
+paths as a committed report shows them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ import torch
 
 from zoo import __version__
 
-__all__ = ["default_device", "device_name", "device_slug", "versions"]
+__all__ = ["REPO_ROOT", "default_device", "device_name", "device_slug", "shown_path", "versions"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def shown_path(path: Path, root: Path = REPO_ROOT) -> str:
+    """`path` relative to `root` where it lies below it: committed reports name no home folder."""
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
 def default_device() -> str:
