@@ -119,19 +119,18 @@ def run_variant(settings: Settings, teacher: Path, recipe: Recipe, name: str) ->
     student = student_recipe(recipe, name, VARIANTS[name], settings.img_size)
     budget = settings.stage1_steps + settings.stage2_steps
     _reset_accelerate()
+    # a variant without parameters of its own has nothing for stage 1 to train: stage 2 gets its steps
+    stage1_steps = settings.stage1_steps if _has_own_parameters(student) else 0
     result = convert_run(
         teacher,
         student,
-        stage1_steps=settings.stage1_steps,
-        stage2_steps=settings.stage2_steps,
+        stage1_steps=stage1_steps,
+        stage2_steps=budget - stage1_steps,
         stage1_lr=settings.stage1_lr,
         stage2_lr=settings.stage2_lr,
         distill_weight=settings.distill_weight,
         eval_split="test",
-    ) if _has_own_parameters(student) else convert_run(
-        teacher, student, stage1_steps=0, stage2_steps=budget, stage2_lr=settings.stage2_lr,
-        distill_weight=settings.distill_weight, eval_split="test",
-    )  # fmt: skip
+    )
     row = {
         "variant": name,
         "options": VARIANTS[name],
