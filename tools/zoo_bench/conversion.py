@@ -29,6 +29,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 
 from zoo import load_model
+from zoo.cli import run_cli
 from zoo.convert import finetune
 from zoo.convert_run import ImagePairs, convert_run, evaluate_model
 from zoo.engine import Trainer, build_loader, build_split
@@ -247,7 +248,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--stage2-lr", type=float, default=Settings.stage2_lr)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = Settings(
         teacher_run=args.teacher_run,
         img_size=args.img_size,
@@ -260,9 +260,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = run_benchmark(settings)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    args.out.write_text(report(results))
-    print(report(results))
+    text = report(results)
+    args.out.write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)  # logging at INFO, and a user error as one line

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from zoo._validate import check_int
+from zoo.cli import run_cli
 from zoo.recipe import load_recipe, recipe_to_dict
 
 from .leaderboard import run_child, train_and_test
@@ -94,7 +96,12 @@ def _save(results: dict[str, Any], out: Path) -> None:
 def run_comparison(
     out: Path, *, seeds: int, budget_steps: int, img_size: int, threads: int, runs_dir: Path, log=print
 ) -> dict[str, Any]:
-    """Train and test every layout x seed, time every layout's step at `img_size`; resumes from `out`'s JSON."""
+    """Train and test every layout x seed (none with `seeds=0`: the step times only), time every layout's step at
+    `img_size`; resumes from `out`'s JSON."""
+    check_int("seeds", seeds, 0)
+    check_int("budget_steps", budget_steps, 1)
+    check_int("threads", threads, 1)
+    check_int("img_size", img_size, 16)
     recipe = recipe_to_dict(load_recipe(RECIPE))
     saved = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
     results = {
@@ -239,4 +246,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
