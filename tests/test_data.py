@@ -10,6 +10,7 @@ from PIL import Image
 
 from zoo.data import DataContext, ImageFolderDataset, MegaMNIST, build_dataset, list_datasets
 from zoo.data import megamnist as mm
+from zoo.data._cache import cache_dir, write_npz_atomic
 
 SMALL = {"canvas_size": 96, "num_samples": 64}
 
@@ -69,7 +70,7 @@ def test_label_is_strict_majority(num_target, num_other):
 
 
 def test_pools_disjoint_stratified_and_seed_free():
-    _, labels = mm._load_mnist()
+    _, labels = mm.load_mnist_digits()
     pools = mm._split_pools(labels, (0.7, 0.15, 0.15))
     sets = {split: set(pool.tolist()) for split, pool in pools.items()}
     assert not sets["train"] & sets["val"] and not sets["train"] & sets["test"] and not sets["val"] & sets["test"]
@@ -136,10 +137,10 @@ def test_bad_megamnist_arguments(kwargs, fragment):
 
 def test_disk_cache_roundtrip(tmp_path, monkeypatch):
     monkeypatch.setenv("ZOO_CACHE", str(tmp_path))
-    path = mm._cache_dir() / mm._CACHE_FILE
+    path = cache_dir() / mm._CACHE_FILE
     assert path.parent == tmp_path and mm._read_npz(path) is None
-    images, labels = mm._load_mnist()
-    mm._write_npz(path, images, labels)
+    images, labels = mm.load_mnist_digits()
+    write_npz_atomic(path, images=images, labels=labels)
     cached = mm._read_npz(path)
     assert np.array_equal(cached[0], images) and np.array_equal(cached[1], labels)
     assert [p.name for p in tmp_path.iterdir()] == [mm._CACHE_FILE]

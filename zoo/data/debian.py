@@ -21,6 +21,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+try:
+    from ._cache import cache_dir
+except ImportError:  # run as a script (the Makefile's data-deps): its own folder is on sys.path
+    from _cache import cache_dir  # type: ignore[no-redef]
+
 __all__ = [
     "DEBIAN_PACKAGES",
     "DEBIAN_ROOT_ENV",
@@ -45,11 +50,6 @@ DEBIAN_PACKAGES = {
 
 class MissingDebianData(FileNotFoundError):
     """A file of a Debian data package is in none of the searched roots; the message says how to get it."""
-
-
-def cache_dir() -> Path:
-    """Folder of zoo's on-disk caches: ``$ZOO_CACHE`` when set, else ``~/.cache/zoo`` (as MegaMNIST's)."""
-    return Path(os.environ.get("ZOO_CACHE") or Path.home() / ".cache" / "zoo")
 
 
 def debian_cache_root() -> Path:

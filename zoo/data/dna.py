@@ -20,8 +20,9 @@ import torch
 
 from .._validate import check_int
 from ..tasks import IGNORE_INDEX
+from ._cache import cache_dir, write_npz_atomic
 from ._registry import DataContext, register_dataset
-from .debian import cache_dir, find_debian_file
+from .debian import find_debian_file
 from .nucleotides import (
     CLS_ID,
     MASK_ID,
@@ -33,7 +34,7 @@ from .nucleotides import (
     read_fasta,
     reverse_complement,
 )
-from .sequence import SPLITS, check_split, stratified_split, window_starts, write_npz_atomic
+from .sequence import SPLITS, check_split, stratified_split, window_starts
 
 __all__ = [
     "CLS_ID",

