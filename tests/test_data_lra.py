@@ -1,7 +1,9 @@
 """Long Range Arena data: ListOps labels against an independent evaluator, Pathfinder labels against a flood fill of
 the drawn snakes, and the pixel-sequence image set."""
 
+import logging
 import math
+import pickle
 import statistics
 from collections import Counter, deque
 
@@ -13,6 +15,7 @@ from PIL import Image
 from zoo.data._registry import DataContext, build_dataset, get_dataset
 from zoo.data.listops import ListOps
 from zoo.data.lra_image import LraImage, cache_dir
+from zoo.data import pathfinder as pathfinder_module
 from zoo.data.pathfinder import RESOLUTIONS, Pathfinder
 from zoo.data.sequence import PadCollate
 
@@ -206,13 +209,95 @@ def test_pathfinder_sizes_and_the_image_form(resolution):
     assert torch.equal((image * 255).round().to(torch.int64).reshape(-1), tokens[1]["tokens"])
 
 
-def test_pathfinder_registry_and_errors():
+def _images(data: Pathfinder, indices) -> list[torch.Tensor]:
+    return [data[i][0] for i in indices]
+
+
+@pytest.fixture
+def pathfinder_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path))
+    return tmp_path / "pathfinder"
+
+
+def test_pathfinder_cache_holds_the_drawn_images_and_grows(pathfinder_cache, monkeypatch):
+    plain = Pathfinder("val", num_samples=30, seed=3, as_tokens=False)
+    cached = Pathfinder("val", num_samples=12, seed=3, as_tokens=False, cache=True)
+    [path] = pathfinder_cache.glob("*.npy")
+    assert path == cached.cache_path and path.name == "v1_32px_hard_seed3_val.npy"
+    assert np.load(path).shape == (12, 32, 32)
+    for ours, theirs in zip(_images(cached, range(-12, 12)), _images(plain, [*range(12), *range(12)])):
+        assert torch.equal(ours, theirs)
+    assert [cached[i][1] for i in range(4)] == [0, 1, 0, 1]
+    # a longer split draws only the images the file lacks, and keeps the first ones
+    longer = Pathfinder("val", num_samples=30, seed=3, as_tokens=False, cache=True)
+    assert np.load(path).shape == (30, 32, 32)
+    assert all(torch.equal(a, b) for a, b in zip(_images(longer, range(30)), _images(plain, range(30))))
+    # another seed or difficulty is another file
+    Pathfinder("val", num_samples=2, seed=4, difficulty="easy", cache=True)
+    assert len(list(pathfinder_cache.glob("*.npy"))) == 2
+    # what the file holds is read, never drawn again; a shorter split reads the first rows
+    monkeypatch.setattr(pathfinder_module, "_draw_images", None)
+    tokens = Pathfinder("val", num_samples=5, seed=3, cache=True)
+    assert torch.equal(tokens[4]["tokens"], (plain[4][0] * 255).round().to(torch.int64).reshape(-1))
+    with pytest.raises(IndexError, match="index 5 out of range"):
+        tokens[5]
+
+
+def test_pathfinder_cache_fills_on_every_core_with_the_same_images(pathfinder_cache, monkeypatch):
+    monkeypatch.setattr(pathfinder_module, "_CHUNK", 4)
+    monkeypatch.setattr(pathfinder_module, "_PARALLEL_FROM", 8)
+    monkeypatch.setattr(pathfinder_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    cached = Pathfinder("train", num_samples=18, as_tokens=False, cache=True)
+    plain = Pathfinder("train", num_samples=18, as_tokens=False)
+    assert all(torch.equal(a, b) for a, b in zip(_images(cached, range(18)), _images(plain, range(18))))
+
+
+def test_pathfinder_cache_survives_damage_and_pickling(pathfinder_cache, caplog):
+    cached = Pathfinder("test", num_samples=6, cache=True)
+    expected = [cached[i]["tokens"] for i in range(6)]
+    # a worker process gets the file's path, not a copy of the images
+    copy = pickle.loads(pickle.dumps(cached))
+    assert len(pickle.dumps(cached)) < 10_000 and all(torch.equal(copy[i]["tokens"], expected[i]) for i in range(6))
+    path = cached.cache_path
+    for damage in (path.read_bytes()[:-100], b"not a numpy file", _npy_bytes(np.zeros((6, 64, 64), np.uint8))):
+        path.write_bytes(damage)
+        with caplog.at_level(logging.WARNING, logger="zoo.data.pathfinder"):
+            again = Pathfinder("test", num_samples=6, cache=True)
+        assert str(path) in caplog.text and "again" in caplog.text
+        assert all(torch.equal(again[i]["tokens"], expected[i]) for i in range(6))
+        caplog.clear()
+
+
+def test_pathfinder_without_a_writable_cache_keeps_the_images_in_memory(monkeypatch, tmp_path, caplog):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("ZOO_CACHE", str(blocker))
+    with caplog.at_level(logging.WARNING):
+        data = Pathfinder("test", num_samples=3, cache=True)
+    assert "could not write the cache" in caplog.text and "ZOO_CACHE" in caplog.text
+    plain = Pathfinder("test", num_samples=3)
+    assert data.cache_path is None and all(torch.equal(data[i]["tokens"], plain[i]["tokens"]) for i in range(3))
+    with pytest.raises(ValueError, match="cache"):
+        Pathfinder("test", num_samples=3, cache="yes")
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_pathfinder_registry_and_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path))
     assert get_dataset("pathfinder").kind == "tokens" and get_dataset("pathfinder_image").kind == "image"
     data = build_dataset("pathfinder", DataContext("test", False, num_samples=2), resolution=64)
     assert data[0]["tokens"].shape == (4096,)
     with pytest.raises(ValueError, match=r"model.img_size \(224\) must equal data.options.resolution \(32\)"):
         build_dataset("pathfinder_image", DataContext("test", False, img_size=224))
-    assert len(build_dataset("pathfinder_image", DataContext("test", False, img_size=224, dynamic_img_size=True))) > 0
+    context = DataContext("test", False, img_size=224, dynamic_img_size=True)
+    assert len(build_dataset("pathfinder_image", context, cache=False)) == 20_000
     with pytest.raises(ValueError, match="resolution=48 must be one of 32, 64, 128"):
         Pathfinder("train", resolution=48)
     with pytest.raises(ValueError, match="difficulty='medium'"):

@@ -43,7 +43,10 @@ can touch. Here distinct snakes never touch, even through the gaps, which the te
 (3) The first target snake is redrawn until one grows in full, then the second; snakes2 grows both in turns and
 redraws the pair at any dead end. (4) Labels alternate with the index (exactly balanced) instead of being drawn.
 
-Sample ``i`` depends only on (seed, split, i) and the options. ``pathfinder`` gives dicts (``tokens`` int64 ``[H*W]``,
+Sample ``i`` depends only on (seed, split, i) and the options. The datasets built from recipes cache the images
+of a split on disk (``data.options.cache``, on by default): generated once, on every core, into
+``cache_dir() / "pathfinder"`` (``$ZOO_CACHE``, else ``~/.cache/zoo``; 1 KiB per image at 32 px, 16 KiB at
+Path-X), then read from that file by every later epoch, run and process. ``pathfinder`` gives dicts (``tokens`` int64 ``[H*W]``,
 the grey levels 0-255 row by row; ``mask`` bool, all True; ``label`` int64 ``[]``) for 1-D models;
 ``pathfinder_image`` gives ``(image float32 [1, H, W] in [0, 1], label)`` pairs for ViTs.
 """
@@ -51,9 +54,13 @@ the grey levels 0-255 row by row; ``mask`` bool, all True; ``label`` int64 ``[]`
 from __future__ import annotations
 
 import bisect
+import logging
 import math
+import multiprocessing
 import operator
+import os
 import random
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
@@ -62,8 +69,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
-from .._validate import check_int
+from .._validate import check_bool, check_int
+from ._cache import cache_dir, cache_lock, write_atomic
 from ._registry import DataContext, register_dataset
 
 __all__ = ["CONTOUR_LENGTHS", "RESOLUTIONS", "Pathfinder", "PathfinderOptions"]
@@ -102,6 +111,12 @@ _DISTRACTOR_TRIES = 5  # snakes2's max_distractor_contour_retrial = 4
 _POSITION_TRIES = 8  # random places tried for a distractor's first paddle before an exact search
 _SNAKE_TRIES = 500  # draws of each target snake before the pair is redrawn (hard: 1 in 13 to 27 grows in full)
 _PAIR_TRIES = 20  # target pairs drawn before giving up
+# Bump when a change to the generator changes any image: cache files of another version are never read.
+_GENERATOR_VERSION = 1
+_CHUNK = 512  # images per task when the cache is filled in parallel
+_PARALLEL_FROM = 2 * _CHUNK  # fewer missing images are drawn in this process
+
+_logger = logging.getLogger(__name__)
 
 
 class _Geometry:
@@ -408,6 +423,8 @@ class Pathfinder(Dataset):
         num_samples: length of the split; default LRA's 160,000 / 20,000 / 20,000. Sample ``i`` does not depend on it.
         seed: seed of the draws.
         as_tokens: samples as pixel tokens (dicts) for 1-D models, else ``(image [1, H, W], label)`` pairs.
+        cache: read the images from a file under ``cache_dir() / "pathfinder"``, drawing (on every core) and
+            saving those it lacks first; the same images as without it. Off: each one drawn when indexed.
 
     Attributes:
         vocab_size (256 grey levels), num_classes (2), class_names, max_length (``H * W``), image_size, in_chans.
@@ -429,6 +446,7 @@ class Pathfinder(Dataset):
         num_samples: int | None = None,
         seed: int = 0,
         as_tokens: bool = True,
+        cache: bool = False,
     ):
         if split not in _SPLITS:
             raise ValueError(f"unknown split {split!r}; allowed: {', '.join(_SPLITS)}")
@@ -446,6 +464,13 @@ class Pathfinder(Dataset):
         self.max_length = resolution * resolution
         self._split_id = _SPLITS.index(split)
         self._generator = _Generator(resolution, CONTOUR_LENGTHS[difficulty])
+        # uint8 [>= num_samples, S, S]: a read-only memory map of the cache file (opened again in each process)
+        self._images: np.ndarray | None = None
+        self.cache_path = None
+        if check_bool("cache", cache):
+            name = f"v{_GENERATOR_VERSION}_{resolution}px_{difficulty}_seed{self.seed}_{split}.npy"
+            self.cache_path = cache_dir() / "pathfinder" / name
+            self._images = self._fill_cache()
 
     def __len__(self) -> int:
         return self.num_samples
@@ -453,18 +478,84 @@ class Pathfinder(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor] | tuple[torch.Tensor, int]:
         """Tokens: ``tokens`` int64 ``[H*W]`` (grey levels, row by row), ``mask`` bool ``[H*W]``, ``label`` int64
         ``[]``. Images: float32 ``[1, H, W]`` in [0, 1] and the label."""
-        scene = self._scene(index)
-        pixels = torch.from_numpy(scene.image)
+        index = self._check_index(index)
+        if self._images is None and self.cache_path is not None:
+            self._images = np.load(self.cache_path, mmap_mode="r")
+        image = self._scene(index).image if self._images is None else np.array(self._images[index])
+        label = index % 2
+        pixels = torch.from_numpy(image)
         if not self.as_tokens:
-            return pixels.unsqueeze(0).to(torch.float32).div_(255.0), scene.label
+            return pixels.unsqueeze(0).to(torch.float32).div_(255.0), label
         tokens = pixels.reshape(-1).to(torch.int64)
-        return {"tokens": tokens, "mask": torch.ones(len(tokens), dtype=torch.bool), "label": torch.tensor(scene.label)}
+        return {"tokens": tokens, "mask": torch.ones(len(tokens), dtype=torch.bool), "label": torch.tensor(label)}
 
-    def _scene(self, index: int) -> _Scene:
+    def __getstate__(self) -> dict:
+        # a memory map travels as its path (a worker process maps the file again), not as a copy of every image
+        state = self.__dict__.copy()
+        if isinstance(state["_images"], np.memmap):
+            state["_images"] = None
+        return state
+
+    def _check_index(self, index: int) -> int:
         index = operator.index(index)
         if not -self.num_samples <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for Pathfinder {self.split!r} of {self.num_samples} samples")
-        index %= self.num_samples
+        return index % self.num_samples
+
+    def _fill_cache(self) -> np.ndarray:
+        """The images of samples 0..num_samples-1 (at least) from the cache file, drawing and saving those it lacks
+        first: a memory map of the file, or the images in memory when it cannot be written."""
+        path = self.cache_path
+        with cache_lock(path):
+            cached = self._read_cache()
+            have = 0 if cached is None else len(cached)
+            if have >= self.num_samples:
+                return cached
+            images = self._draw(have, self.num_samples)
+            if cached is not None:
+                images = np.concatenate([cached, images])
+            if write_atomic(path, lambda f: np.save(f, images)):
+                return np.load(path, mmap_mode="r")
+            self.cache_path = None
+            return images
+
+    def _read_cache(self) -> np.ndarray | None:
+        """The cache file's images, or None without a readable one (a damaged file is drawn again, with a warning)."""
+        path = self.cache_path
+        if not path.is_file():
+            return None
+        try:
+            images = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as err:
+            _logger.warning("%s: unreadable Pathfinder cache (%s); drawing its images again", path, err)
+            return None
+        side = self.resolution
+        if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (side, side):
+            _logger.warning(
+                "%s holds %s %s, not Pathfinder images; drawing them again", path, images.dtype, images.shape
+            )
+            return None
+        return images
+
+    def _draw(self, start: int, stop: int) -> np.ndarray:
+        """Images of samples start..stop-1, uint8 ``[stop - start, S, S]``, on every core when there are many."""
+        workers = min(len(os.sched_getaffinity(0)), -(-(stop - start) // _CHUNK))
+        if stop - start < _PARALLEL_FROM or workers < 2 or multiprocessing.current_process().daemon:
+            return _draw_images(self._arguments(start, stop))
+        _logger.info(
+            "drawing %d Pathfinder-%d %s images into %s on %d processes (once)",
+            stop - start, self.resolution, self.split, self.cache_path, workers,
+        )  # fmt: skip
+        tasks = [self._arguments(low, min(low + _CHUNK, stop)) for low in range(start, stop, _CHUNK)]
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(tqdm(pool.map(_draw_images, tasks), total=len(tasks), desc="pathfinder cache", leave=False))
+        return np.concatenate(parts)
+
+    def _arguments(self, start: int, stop: int) -> tuple:
+        return (self.split, self.resolution, self.difficulty, self.seed, start, stop)
+
+    def _scene(self, index: int) -> _Scene:
+        index = self._check_index(index)
         state = np.random.SeedSequence([self.seed, self._split_id, index]).generate_state(2, dtype=np.uint64)
         return self._generator.scene(random.Random(int(state[0]) << 64 | int(state[1])), label=index % 2)
 
@@ -491,8 +582,20 @@ class Pathfinder(Dataset):
     def __repr__(self) -> str:
         return (
             f"Pathfinder(split={self.split!r}, resolution={self.resolution}, difficulty={self.difficulty!r}, "
-            f"num_samples={self.num_samples}, seed={self.seed}, as_tokens={self.as_tokens})"
+            f"num_samples={self.num_samples}, seed={self.seed}, as_tokens={self.as_tokens}, "
+            f"cache={self.cache_path is not None})"
         )
+
+
+def _draw_images(arguments: tuple) -> np.ndarray:
+    """uint8 ``[stop - start, S, S]``: the images of samples start..stop-1 (a process pool's task)."""
+    split, resolution, difficulty, seed, start, stop = arguments
+    drawer = Pathfinder(split, resolution=resolution, difficulty=difficulty, num_samples=stop, seed=seed)
+    side = resolution
+    images = np.empty((stop - start, side, side), dtype=np.uint8)
+    for row, index in enumerate(range(start, stop)):
+        images[row] = drawer._scene(index).image
+    return images
 
 
 @dataclass(kw_only=True)
@@ -501,6 +604,8 @@ class PathfinderOptions:
 
     resolution: Literal[32, 64, 128] = 32
     difficulty: Literal["easy", "intermediate", "hard"] = "hard"
+    # images drawn once into the user cache (module docstring), then read from there; false: drawn when indexed
+    cache: bool = True
 
 
 @register_dataset("pathfinder", options=PathfinderOptions, kind="tokens", tasks=("classification",))
@@ -508,7 +613,7 @@ def build_pathfinder(options: PathfinderOptions, context: DataContext) -> Pathfi
     """LRA Pathfinder / Path-X as pixel tokens (1024 / 4096 / 16,384), connected or not (generated)."""
     return Pathfinder(
         context.split, resolution=options.resolution, difficulty=options.difficulty,
-        num_samples=context.num_samples, seed=context.seed, as_tokens=True,
+        num_samples=context.num_samples, seed=context.seed, as_tokens=True, cache=options.cache,
     )  # fmt: skip
 
 
@@ -522,5 +627,5 @@ def build_pathfinder_image(options: PathfinderOptions, context: DataContext) -> 
         )
     return Pathfinder(
         context.split, resolution=options.resolution, difficulty=options.difficulty,
-        num_samples=context.num_samples, seed=context.seed, as_tokens=False,
+        num_samples=context.num_samples, seed=context.seed, as_tokens=False, cache=options.cache,
     )  # fmt: skip
