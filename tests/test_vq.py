@@ -130,6 +130,7 @@ def test_ema_moves_codewords_toward_their_keys():
     smoothed = (ema_count + attention.eps) / (total + CODES * attention.eps) * total
     torch.testing.assert_close(attention.codebook, ema_sum / smoothed[..., None])
     torch.testing.assert_close(attention.ema_count, ema_count)
+    torch.testing.assert_close(attention.ema_sum, ema_sum)
     # Without a training forward since the last step, a step changes nothing.
     after = attention.codebook.clone()
     on_optimizer_step(attention)
@@ -137,6 +138,21 @@ def test_ema_moves_codewords_toward_their_keys():
     attention(x)
     on_optimizer_step(attention)
     assert torch.equal(attention.codebook, after)
+
+
+def test_codewords_stay_near_their_keys_over_many_steps():
+    # Regression: ema_sum shared the codebook's storage, so each update replaced the EMA sums by codewords and a
+    # codeword no key chose grew by about 1 / its decayed count per step (inf after 134 steps on ListOps).
+    attention = make(codebook_size=256).train()  # more codes than the 148 keys: some never chosen
+    assert attention.ema_sum.data_ptr() != attention.codebook.data_ptr()
+    x = inputs(batch=4)
+    scale = keys_of(attention, x).abs().max()
+    for _ in range(200):
+        attention(x)
+        on_optimizer_step(attention)
+    unused = attention.ema_count < 0.99**200 * 1.01
+    assert unused.any() and (~unused).any()
+    assert attention.codebook.isfinite().all() and attention.codebook.abs().max() < 2 * scale
 
 
 def test_micro_batches_make_one_update_like_the_whole_batch():

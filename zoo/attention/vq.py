@@ -341,7 +341,9 @@ class VQAttention(AttentionBase):
         codebook = torch.randn(num_heads, codebook_size, self.head_dim) * self.head_dim**-0.5
         self.register_buffer("codebook", codebook.to(device=device, dtype=dtype))
         self.register_buffer("ema_count", torch.ones(num_heads, codebook_size, device=device, dtype=dtype))
-        self.register_buffer("ema_sum", codebook.to(device=device, dtype=dtype))
+        # a copy: `.to` without a change of device or dtype returns the same tensor, and an ema_sum sharing the
+        # codebook's storage was overwritten by every update's codewords (unused codewords then grew without bound)
+        self.register_buffer("ema_sum", codebook.to(device=device, dtype=dtype, copy=True))
         self.aux_loss: Tensor | None = None
         # Sum of [k, 1] per code since the last optimizer step, [h, s, d + 1] float32: not a buffer, so DDP's
         # buffer broadcast never overwrites a replica's own statistics with rank 0's.
