@@ -44,11 +44,13 @@ can touch. Here distinct snakes never touch, even through the gaps, which the te
 redraws the pair at any dead end. (4) Labels alternate with the index (exactly balanced) instead of being drawn.
 
 Sample ``i`` depends only on (seed, split, i) and the options. The datasets built from recipes cache the images
-of a split on disk (``data.options.cache``, on by default): generated once, on every core, into
+of a split on disk (``data.options.cache``, on by default): drawn once, on every core, into
 ``cache_dir() / "pathfinder"`` (``$ZOO_CACHE``, else ``~/.cache/zoo``; 1 KiB per image at 32 px, 16 KiB at
-Path-X), then read from that file by every later epoch, run and process. ``pathfinder`` gives dicts (``tokens`` int64 ``[H*W]``,
-the grey levels 0-255 row by row; ``mask`` bool, all True; ``label`` int64 ``[]``) for 1-D models;
-``pathfinder_image`` gives ``(image float32 [1, H, W] in [0, 1], label)`` pairs for ViTs.
+Path-X), then read from that file by every later epoch, run and process.
+
+``pathfinder`` gives dicts (``tokens`` int64 ``[H*W]``, the grey levels 0-255 row by row; ``mask`` bool, all True;
+``label`` int64 ``[]``) for 1-D models; ``pathfinder_image`` gives ``(image float32 [1, H, W] in [0, 1], label)``
+pairs for ViTs.
 """
 
 from __future__ import annotations
