@@ -73,6 +73,11 @@ def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
     # as if the sweep had stopped before linear's run
     saved["records"] = [r for r in saved["records"] if r["variant"] != "linear"]
     (out / "leaderboard_ucr_acsf1_quick.json").write_text(json.dumps(saved))
+    # the stopped sweep's report names what it has not reached, out of every seed it was asked for
+    stopped = json.loads(json.dumps(saved))
+    stopped["protocol"]["seeds"] = [0, 1]
+    leaderboard_report.write_report(stopped, tmp_path / "stopped")
+    assert "| - | `linear` | not run | 0/2 |" in (tmp_path / "stopped" / "leaderboard_ucr_acsf1_quick.md").read_text()
     ran = []
 
     def fake_run(recipe_path, recipe, variant, seed, budget_steps, run_dir, *, options, timeout, extra=()):

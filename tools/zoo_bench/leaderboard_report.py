@@ -157,8 +157,8 @@ def write_markdown(results: dict[str, Any], rows: list[dict[str, Any]], path: Pa
     ]
     for rank, row in enumerate(rows, 1):
         if row["score"] is None:
-            reason = row["failures"][0]["status"] if row["failures"] else "not run"
-            score, place = f"failed: {reason}", "-"
+            score = f"failed: {row['failures'][0]['status']}" if row["failures"] else "not run"
+            place = "-"
         else:
             spread = "" if row["spread"] is None else f" +- {row['spread']:.2f}"
             score, place = f"{row['score']:.2f}{spread}", str(rank)
@@ -166,7 +166,8 @@ def write_markdown(results: dict[str, Any], rows: list[dict[str, Any]], path: Pa
             place,
             f"`{row['variant']}`",
             score,
-            f"{row['finished']}/{row['seeds']}",
+            # out of the sweep's seeds: a variant that a stopped sweep has not reached yet shows 0/2, not 0/0
+            f"{row['finished']}/{max(row['seeds'], len(proto.get('seeds', [])))}",
             _cell(row["wall_s"], ".1f"),
             _cell(row["samples_per_s"], ".1f"),
             _cell(row["peak_mib"], ".0f"),
