@@ -232,6 +232,70 @@ def test_longformer_flash_parts_match_naive_reference(flash_everywhere, n, causa
     assert_flash_matches_reference(fast, n, allowed)
 
 
+def _right_padded(n: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """q, k, v of three samples kept to lengths n, 0 and n // 3 (right padding, as PadCollate pads)."""
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, HEADS, n, 8, generator=generator, requires_grad=True) for _ in range(3))
+    keep = torch.arange(n) < torch.tensor([n, 0, n // 3])[:, None]
+    return [q, k, v], keep
+
+
+PREFIX_CASES = {
+    "local": lambda n, causal: (
+        lambda q, k, v, keep: local_attention(q, k, v, keep, causal, window=8),
+        band(n, 8, causal),
+    ),
+    "dilated": lambda n, causal: (
+        lambda q, k, v, keep: dilated_attention(q, k, v, keep, causal, window=12, dilation=3),
+        band(n, 12, causal) & (offsets(n) % 3 == 0),
+    ),
+    "longformer": lambda n, causal: (
+        lambda q, k, v, keep: longformer_attention(q, k, v, keep, causal, window=6, global_indices=(0, 5)),
+        allowed_longformer(n, 6, (0, 5), causal),
+    ),
+}
+
+
+@pytest.mark.parametrize("n", [37, 131])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", sorted(PREFIX_CASES))
+def test_right_padded_batches_run_each_kept_prefix_on_the_flash_path(flash_everywhere, name, n, causal):
+    # a key padding mask that keeps a prefix of every sample leaves the flash kernel no more: each sample's prefix
+    # runs unmasked (samples of one length together), the rows of padded queries are zero
+    fast, allowed = PREFIX_CASES[name](n, causal)
+    (q, k, v), keep = _right_padded(n)
+    calls = []
+    original = _flash_parts._FlashParts.apply
+    _flash_parts._FlashParts.apply = lambda *args: calls.append(args[0].shape[0]) or original(*args)
+    try:
+        out = fast(q, k, v, keep)
+    finally:
+        _flash_parts._FlashParts.apply = original
+    assert calls and max(calls) == 1, "each length runs as its own unmasked flash call"
+    expected = reference(q, k, v, allowed & keep[:, None, None, :])
+    torch.testing.assert_close(
+        out[keep[:, None, :, None].expand_as(out)],
+        expected[keep[:, None, :, None].expand_as(out)],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert not out[~keep[:, None, :, None].expand_as(out)].any()
+    grad_out = torch.randn_like(out) * keep[:, None, :, None]
+    for name_, got, want in zip(
+        "qkv", torch.autograd.grad(out, (q, k, v), grad_out), torch.autograd.grad(expected, (q, k, v), grad_out)
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"gradient of {name_}")
+
+
+def test_a_global_position_past_a_samples_length_takes_the_masked_path():
+    n = 37
+    (q, k, v), keep = _right_padded(n)
+    out = longformer_attention(q, k, v, keep, window=6, global_indices=(0, 20))
+    expected = reference(q, k, v, allowed_longformer(n, 6, (0, 20), False) & keep[:, None, None, :])
+    rows = keep[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out[rows], expected[rows], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [37, 128, 131])
 @pytest.mark.parametrize("block_size,num_random", [(8, 3), (5, 1), (16, 0), (40, 0), (32, 1)])
 def test_bigbird_flash_parts_match_naive_reference(flash_everywhere, n, block_size, num_random):

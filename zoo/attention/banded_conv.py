@@ -29,6 +29,7 @@ l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -39,7 +40,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
-from ._flash_parts import band_parts, parts_attention, use_flash_parts
+from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
 from ._registry import register_attention
 
 __all__ = [
@@ -114,6 +115,11 @@ def banded_conv_attention(
     b, _, n, d = q.shape
     if reference:
         return _dense(q, k, v, kernels, mask, is_causal, radius, scale, dropout_p, toeplitz=True)
+    lengths = prefix_lengths(q, mask, dropout_p)
+    if lengths is not None:
+        # a padded key is a missing key like those past the end (zeroed before each convolution)
+        run = functools.partial(banded_conv_attention, kernels=kernels, is_causal=is_causal, radius=radius, scale=scale)
+        return on_kept_prefixes(run, q, k, v, lengths)
     # Band slots farther than n - 1 always hold missing keys, which equal zero padding: trim them.
     radius = min(radius, n - 1)
     reach = kernels.shape[0] * (kernels.shape[-1] // 2)  # band slots the edges' zero padding reaches, s

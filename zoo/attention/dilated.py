@@ -12,6 +12,7 @@ covering the sequence with dilation 1 is exact softmax attention. `reference=Tru
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Literal
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, band_keep, position_offsets
 from ._common import AttentionBase, pad_to_multiple
-from ._flash_parts import band_parts, parts_attention, use_flash_parts
+from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
 from ._flex import check_backend, dilated_mask, flex_attend, use_flex
 from ._registry import register_attention
 from .local import local_attention
@@ -58,6 +59,10 @@ def dilated_attention(
         return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     if dilation == 1:
         return local_attention(q, k, v, mask, is_causal, window=window, scale=scale, dropout_p=dropout_p)
+    lengths = prefix_lengths(q, mask, dropout_p)
+    if lengths is not None:
+        run = functools.partial(dilated_attention, is_causal=is_causal, window=window, dilation=dilation, scale=scale)
+        return on_kept_prefixes(run, q, k, v, lengths)
     if use_flash_parts(q, mask, dropout_p, min(window // dilation, n // dilation)):
         return _dilated_flash(q, k, v, is_causal, window // dilation, dilation, d**-0.5 if scale is None else scale)
     (q, pad), (k, _), (v, _) = (pad_to_multiple(x, dilation) for x in (q, k, v))

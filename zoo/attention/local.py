@@ -11,6 +11,7 @@ as a dense `[n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Literal
 
 import torch.nn.functional as F
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
-from ._flash_parts import band_parts, parts_attention, use_flash_parts
+from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
 from ._flex import check_backend, flex_attend, local_mask, use_flex
 from ._registry import register_attention
 
@@ -48,6 +49,10 @@ def local_attention(
     if reference:
         allowed = band_keep(position_offsets(n, q.device), window, is_causal)
         return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
+    lengths = prefix_lengths(q, mask, dropout_p)
+    if lengths is not None:
+        run = functools.partial(local_attention, is_causal=is_causal, window=window, scale=scale)
+        return on_kept_prefixes(run, q, k, v, lengths)
     if use_flash_parts(q, mask, dropout_p, min(window, n)):
         scale = d**-0.5 if scale is None else scale
         return parts_attention(q, k, v, band_parts(n, window, is_causal, q.device, q.dtype), scale)

@@ -10,6 +10,7 @@ window and the global keys, a key in both counted once. A window as long as the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, rows_attention, window_layout
 from ._common import AttentionBase
-from ._flash_parts import Part, additive, band_parts, parts_attention, use_flash_parts
+from ._flash_parts import Part, additive, band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
 from ._flex import check_backend, flex_attend, longformer_mask, use_flex
 from ._registry import register_attention
 
@@ -54,6 +55,13 @@ def longformer_attention(
         is_global = torch.zeros(n, dtype=torch.bool, device=q.device).index_fill_(0, rows, True)
         allowed = band_keep(offsets, window, is_causal) | is_global[None] | is_global[:, None]
         return allowed_attention(q, k, v, allowed & (offsets >= 0) if is_causal else allowed, mask, scale, dropout_p)
+    lengths = prefix_lengths(q, mask, dropout_p)
+    # every global position inside each non-empty prefix (an empty sample's rows are zero either way)
+    if lengths is not None and max(global_indices, default=-1) < min((kept for kept in lengths if kept), default=n):
+        run = functools.partial(
+            longformer_attention, is_causal=is_causal, window=window, global_indices=global_indices, scale=scale
+        )
+        return on_kept_prefixes(run, q, k, v, lengths)
     if use_flash_parts(q, mask, dropout_p, min(window, n)):
         return _longformer_flash(q, k, v, rows, is_causal, window, d**-0.5 if scale is None else scale)
     layout = window_layout(n, window, is_causal)
