@@ -1,6 +1,7 @@
 """Long Range Arena data: ListOps labels against an independent evaluator, Pathfinder labels against a flood fill of
 the drawn snakes, and the pixel-sequence image set."""
 
+import io
 import logging
 import math
 import pickle
@@ -282,8 +283,6 @@ def test_pathfinder_without_a_writable_cache_keeps_the_images_in_memory(monkeypa
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
-    import io
-
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
