@@ -4,8 +4,10 @@ the drawn snakes, and the pixel-sequence image set."""
 import io
 import logging
 import math
+import multiprocessing
 import pickle
 import statistics
+import time
 from collections import Counter, deque
 
 import numpy as np
@@ -251,6 +253,30 @@ def test_pathfinder_cache_fills_on_every_core_with_the_same_images(pathfinder_ca
     cached = Pathfinder("train", num_samples=18, as_tokens=False, cache=True)
     plain = Pathfinder("train", num_samples=18, as_tokens=False)
     assert all(torch.equal(a, b) for a, b in zip(_images(cached, range(18)), _images(plain, range(18))))
+
+
+def _build_counting_draws(log_path: str) -> int:
+    """In a child process: a cached Pathfinder split whose drawing is slow and logged; returns a pixel sum."""
+    draw = pathfinder_module._draw_images
+
+    def slow_draw(arguments):
+        with open(log_path, "a") as log:
+            log.write("drew\n")
+        time.sleep(0.5)
+        return draw(arguments)
+
+    pathfinder_module._draw_images = slow_draw
+    data = Pathfinder("val", num_samples=8, cache=True)
+    return int(sum(data[i]["tokens"].sum() for i in range(8)))
+
+
+def test_pathfinder_cache_is_drawn_once_by_processes_building_it_at_once(pathfinder_cache, tmp_path):
+    # data-parallel ranks build the same split at the same time: the first draws, the others wait and read it
+    log = tmp_path / "draws.log"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        sums = pool.map(_build_counting_draws, [str(log), str(log)])
+    assert sums[0] == sums[1] and log.read_text().count("drew") == 1
+    assert len(list(pathfinder_cache.glob("*.npy"))) == 1
 
 
 def test_pathfinder_cache_survives_damage_and_pickling(pathfinder_cache, caplog):
