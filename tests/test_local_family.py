@@ -287,6 +287,14 @@ def test_right_padded_batches_run_each_kept_prefix_on_the_flash_path(flash_every
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"gradient of {name_}")
 
 
+def test_a_mask_that_keeps_everything_gives_the_unmasked_output(flash_everywhere):
+    (q, k, v), keep = _right_padded(37)
+    everything = torch.ones_like(keep)
+    for name, case in PREFIX_CASES.items():
+        fast, _ = case(37, False)
+        assert torch.equal(fast(q, k, v, everything), fast(q, k, v, None)), name
+
+
 def test_a_global_position_past_a_samples_length_takes_the_masked_path():
     n = 37
     (q, k, v), keep = _right_padded(n)
