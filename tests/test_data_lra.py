@@ -16,9 +16,10 @@ import torch
 from PIL import Image
 
 from zoo.data import pathfinder as pathfinder_module
+from zoo.data._cache import cache_dir
 from zoo.data._registry import DataContext, build_dataset, get_dataset
 from zoo.data.listops import ListOps
-from zoo.data.lra_image import LraImage, cache_dir
+from zoo.data.lra_image import LraImage
 from zoo.data.pathfinder import RESOLUTIONS, Pathfinder
 from zoo.data.sequence import PadCollate
 

@@ -32,11 +32,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .._validate import check_int
-from ._cache import cache_dir
 from ._registry import DataContext, register_dataset
 from .megamnist import load_mnist_digits
 
-__all__ = ["LraImage", "LraImageOptions", "cache_dir"]
+__all__ = ["LraImage", "LraImageOptions"]
 
 _SPLITS = ("train", "val", "test")
 _FRACTIONS = (0.7, 0.15, 0.15)

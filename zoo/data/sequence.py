@@ -8,7 +8,7 @@ Every sequence dataset of zoo returns a dict per sample; the keys in use:
   (``IGNORE_INDEX`` where there is none), or ``target``: float32 ``[H, C_out]`` (forecasting).
 
 ``PadCollate`` turns a list of such samples into a batch padded to its longest sequence. The helpers below
-it (windows, stratified splits, the split check, atomic caches) are shared by the sequence datasets.
+it (windows, stratified splits, the split check) are shared by the sequence datasets.
 """
 
 from collections.abc import Mapping, Sequence
