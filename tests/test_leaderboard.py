@@ -106,18 +106,24 @@ def test_a_stopped_sweep_resumes_where_it_stopped(board, tmp_path, monkeypatch):
         }
 
     monkeypatch.setattr(leaderboard, "train_and_test", fake_run)
-    results = leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=2, seeds=2, runs_dir=tmp_path)
+    results = leaderboard.run_leaderboard(
+        RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=2, seeds=2, runs_dir=tmp_path
+    )
     assert ran == [("linear", 0), ("softmax", 1), ("linear", 1)]
     # a variant that failed is not tried again with another seed
     skipped = [r for r in results["records"] if r["variant"] == "linformer" and r["seed"] == 1]
     assert skipped[0]["status"] == "skipped" and "seed 0 failed (error)" in skipped[0]["message"]
     assert len(results["records"]) == 6
     with pytest.raises(ValueError, match="budget_steps=2, this one has 3"):
-        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=3, runs_dir=tmp_path)
+        leaderboard.run_leaderboard(
+            RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=3, runs_dir=tmp_path
+        )
     # overrides for every run are part of the protocol: such a sweep never resumes a plain one
     smaller = ("data.batch_size=4",)
     with pytest.raises(ValueError, match=r"sets=\[\], this one has \['data.batch_size=4'\]"):
-        leaderboard.run_leaderboard(RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=2, runs_dir=tmp_path, extra=smaller)
+        leaderboard.run_leaderboard(
+            RECIPE, out, variants=VARIANTS, options=FAILING_OPTIONS, budget_steps=2, runs_dir=tmp_path, extra=smaller
+        )
 
 
 def test_overrides_for_every_run_reach_each_run_and_are_checked_first(tmp_path, monkeypatch):
