@@ -70,7 +70,7 @@ def test_a_failing_variant_gets_its_row_with_the_reason(board):
 
 def test_an_unknown_variant_is_refused_before_any_run(tmp_path, monkeypatch):
     monkeypatch.setattr(leaderboard, "train_and_test", lambda *args, **kwargs: pytest.fail("a run started"))
-    with pytest.raises(ValueError, match=r"unknown attention variant 'perfomer' \(did you mean 'performer'"):
+    with pytest.raises(ValueError, match=r"unknown attention 'perfomer' \(did you mean 'performer'"):
         leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax", "perfomer"], budget_steps=2)
 
 
