@@ -17,18 +17,36 @@ files, one per process) and the whole weights in `model.safetensors`, as a `ddp`
 FSDP needs several processes: with one, `fsdp` trains the whole model on that process, as `ddp` does. On the
 CPU (gloo), where accelerate 1.15 enables FSDP only for accelerator devices though FSDP2 runs there, the run is
 switched to FSDP the way accelerate switches a GPU run, so that the tests exercise sharding without a GPU.
+
+Buffers, under both strategies, are process 0's: `sync_buffers` broadcasts every persistent buffer from process 0
+after every optimizer step (the engine and `zoo.pretrain` call it), and DDP's own broadcast before every forward is
+turned off, so that one rule holds for both. FSDP shards parameters only, and a buffer that a process updates from
+its own batch (BatchNorm's running statistics in the conv stem) drifts apart otherwise. Synchronised BatchNorm was
+the other choice; it is not taken because it covers BatchNorm alone, runs only on GPUs (the CPU tests could not
+exercise it) and changes what the statistics are (the global batch's, where DDP keeps process 0's). Modules that
+update a buffer from every replica's data keep it identical themselves (VQ all-reduces its codebook statistics;
+Performer and Reformer draw from a seed buffer), which the broadcast leaves as it is. `replica_mismatches` finds any
+entry of the state that still differs: the engine runs it after the first step and at the end of a run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    gather_object,
+)
 from torch import Tensor, nn
 
 from ._validate import unknown_name
@@ -38,8 +56,11 @@ __all__ = [
     "build_accelerator",
     "is_sharded",
     "local_shard",
+    "replica_mismatches",
     "save_checkpoint",
     "shard_units",
+    "state_checksum",
+    "sync_buffers",
     "whole_state",
 ]
 
@@ -125,7 +146,12 @@ def build_accelerator(
     if distributed == "ddp" or processes == 1:
         if distributed == "fsdp":
             _logger.info("train.distributed 'fsdp' with one process: nothing to shard over, the model stays whole")
-        return Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
+        # buffers travel in sync_buffers, once per optimizer step, not before every forward
+        handlers = [
+            *(kwargs.pop("kwargs_handlers", None) or ()),
+            DistributedDataParallelKwargs(broadcast_buffers=False),
+        ]
+        return Accelerator(cpu=cpu, mixed_precision=mixed_precision, kwargs_handlers=handlers, **kwargs)
     plugin = _plugin(mixed_precision)
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed_precision, fsdp_plugin=plugin, **kwargs)
     if accelerator.distributed_type == DistributedType.MULTI_CPU:
@@ -171,3 +197,58 @@ def whole_state(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     must consume it."""
     for name, tensor in sorted(model.state_dict().items()):
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _persistent_buffers(model: nn.Module) -> list[Tensor]:
+    """The buffers `model.state_dict()` holds, in module order (the same on every process)."""
+    return [
+        buffer
+        for module in model.modules()
+        for name, buffer in module.named_buffers(recurse=False)
+        if name not in module._non_persistent_buffers_set
+    ]
+
+
+@torch.no_grad()
+def sync_buffers(model: nn.Module) -> None:
+    """Copy process 0's persistent buffers into every other process's `model`, one broadcast per device and dtype.
+
+    A collective: every process calls it, after every optimizer step (see the module docstring). Non-persistent
+    buffers are constants derived from the configuration (lookup tables, masks), never sent."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for buffer in _persistent_buffers(model):
+        groups.setdefault((buffer.device, buffer.dtype), []).append(buffer)
+    for (_, dtype), buffers in sorted(groups.items(), key=lambda item: str(item[0])):
+        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
+        # gloo and NCCL broadcast bytes, not booleans
+        dist.broadcast(flat.view(torch.uint8) if dtype == torch.bool else flat, src=0)
+        for buffer, part in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
+            buffer.copy_(part.view_as(buffer))
+
+
+def _digests(model: nn.Module) -> dict[str, str]:
+    """The SHA-256 of the bytes of every entry of the state (weights and persistent buffers), whole; a collective
+    under fsdp."""
+    return {
+        name: hashlib.sha256(
+            tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        ).hexdigest()
+        for name, tensor in whole_state(model)
+    }
+
+
+def state_checksum(digests: dict[str, str]) -> str:
+    """One checksum of a whole state from its entries' digests (`replica_mismatches`)."""
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def replica_mismatches(model: nn.Module) -> tuple[list[str], list[str]]:
+    """Every process's `state_checksum` of `model`, and the names of the state entries (weights, buffers) whose
+    values differ between the processes (empty: the replicas are identical). A collective: every process calls it
+    and gets the same answer, so all of them raise together or none does."""
+    digests = _digests(model)
+    every = gather_object([digests])
+    differ = [name for name in digests if len({process[name] for process in every}) > 1]
+    return [state_checksum(process) for process in every], differ

@@ -13,7 +13,6 @@ leaves a partial checkpoint where a good one was.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler, StepLRScheduler
 from torch import Tensor, nn
@@ -48,7 +47,7 @@ from .checkpoints import (
     write_manifest,
 )
 from .data import DataContext, build_dataset, collate_for, get_dataset
-from .distributed import build_accelerator, local_shard, save_checkpoint, whole_state
+from .distributed import build_accelerator, local_shard, replica_mismatches, save_checkpoint, sync_buffers
 from .metrics import metrics_to_python
 from .model_kinds import get_model_kind
 from .pretrain import pretrain
@@ -194,14 +193,6 @@ def evaluate(
         metrics.update(*task.metric_inputs(outputs, targets, mask))
     result = {"loss": float(loss_sum) / max(units, 1), "samples": count}
     return {**result, **metrics_to_python(metrics.compute())}
-
-
-def _state_checksum(model: nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in whole_state(model):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _resume_from(resume: bool | str) -> str | None:
@@ -401,6 +392,7 @@ class Trainer:
             self.state.step += 1
             self.scheduler.step_update(self.state.step)
             on_optimizer_step(self.model)
+            self._sync_replicas()
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
                 rate = samples / (time.perf_counter() - start)
@@ -513,9 +505,20 @@ class Trainer:
             self._save("last")
         return record
 
+    # set once the replicas were compared after the first optimizer step of this process's run
+    _replicas_compared = False
+
+    def _sync_replicas(self) -> None:
+        """After every optimizer step: process 0's buffers to every process (zoo.distributed.sync_buffers); after
+        the first, the replicas compared, so that a divergence stops the run at once, not at its end."""
+        sync_buffers(self.model)
+        if not self._replicas_compared and self.accelerator.num_processes > 1:
+            self._replicas_compared = True
+            _raise_if_diverged(*replica_mismatches(self.accelerator.unwrap_model(self.model)), self.state.step)
+
     def _finish(self, last_eval: dict) -> None:
-        """Check that every replica holds the same weights, then write `train_summary.json`."""
-        checksums = gather_object([_state_checksum(self.accelerator.unwrap_model(self.model))])
+        """Check that every replica holds the same weights and buffers, then write `train_summary.json`."""
+        checksums, differ = replica_mismatches(self.accelerator.unwrap_model(self.model))
         if self.is_main:
             summary = {
                 "recipe": self.recipe.name,
@@ -525,11 +528,21 @@ class Trainer:
                 "mixed_precision": self.accelerator.mixed_precision,
                 "device": str(self.accelerator.device),
                 "replica_checksums": checksums,
-                "replicas_identical": len(set(checksums)) == 1,
+                "replicas_identical": not differ,
                 f"best_val_{self.selection}": self.state.best_metric * (1 if self.higher_is_better else -1),
                 "last_eval": last_eval,
             }
             (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
         self.accelerator.wait_for_everyone()
-        if len(set(checksums)) != 1:
-            raise RuntimeError(f"replicas diverged: weight checksums {checksums}")
+        _raise_if_diverged(checksums, differ, self.state.step)
+
+
+def _raise_if_diverged(checksums: list[str], differ: list[str], step: int) -> None:
+    """A RuntimeError naming the state entries (`zoo.distributed.replica_mismatches`) that differ between the
+    processes at `step`: a bug in zoo, never a user's mistake."""
+    if differ:
+        more = ", ..." if len(differ) > 5 else ""
+        raise RuntimeError(
+            f"replicas diverged at step {step}: {len(differ)} state entries differ between the processes "
+            f"({', '.join(differ[:5])}{more}); checksums {checksums}"
+        )

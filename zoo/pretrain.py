@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 
 from .attention import get_attention, on_optimizer_step
 from .attention._registry import auxiliary_loss
+from .distributed import sync_buffers
 
 if TYPE_CHECKING:
     from .models.sequence import SequenceModel
@@ -203,6 +204,7 @@ def _epoch(recipe, predictor, optimizer, scheduler, loader, accelerator, step: i
         step += 1
         scheduler.step_update(step)
         on_optimizer_step(predictor)
+        sync_buffers(predictor)  # process 0's buffers, as after a training step (zoo.distributed)
         if step >= total:
             break
     loss_sum, correct, count = accelerator.reduce(sums, "sum").tolist()
