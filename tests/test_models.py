@@ -98,6 +98,26 @@ def test_timm_file_route_loads_into_a_variant_with_its_own_parameters(tmp_path, 
     assert "attention parameters not in the checkpoint keep their initialisation" in caplog.text
 
 
+@pytest.mark.parametrize("route", ["zoo", "timm"])
+def test_timm_data_config_reports_the_models_own_input(route, tmp_path):
+    """timm's `resolve_data_config(model=...)` gives the size and channels the model was built for, as it does for
+    a loaded run: with timm's 224-px default every image would be shrunk to 224 px for a 1024-px model."""
+    from PIL import Image
+    from timm.data import create_transform, resolve_data_config
+
+    if route == "zoo":
+        model = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=1024, **TINY)
+    else:
+        model = timm.create_model("zoo_vit_tiny_patch16_224", attention="performer", img_size=1024, **TINY)
+    config = resolve_data_config(model=model)
+    assert config["input_size"] == (1, 1024, 1024) and len(config["mean"]) == len(config["std"]) == 1
+    assert create_transform(**config)(Image.new("L", (1500, 1200), 90)).shape == (1, 1024, 1024)
+    loaded = zoo.load_model(zoo.save_pretrained(model, tmp_path / "saved"))
+    assert tuple(resolve_data_config(model=loaded)["input_size"]) == config["input_size"]
+    model.set_input_size((512, 256))
+    assert resolve_data_config(model=model)["input_size"] == (1, 512, 256)
+
+
 def test_reversible_model_is_built_as_its_class_not_patched():
     model = zoo.create_model("vit_tiny_patch16_224", reversible=True, img_size=32, **TINY)
     assert type(model) is ReversibleVisionTransformer and model.pretrained_cfg["architecture"].startswith("zoo_")

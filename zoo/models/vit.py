@@ -155,6 +155,8 @@ class ZooVisionTransformer(VisionTransformer):
     ) -> None:
         super().set_input_size(img_size=img_size, patch_size=patch_size)
         self._set_grid(self.patch_embed.grid_size)
+        if hasattr(self, "pretrained_cfg"):
+            _report_own_input(self)
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -261,7 +263,26 @@ def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> Zo
         raise RuntimeError(_hub_failure(variant, error)) from None
     if from_file:
         load_pretrained(model, cfg.file)
+    _report_own_input(model)
     return model
+
+
+def _report_own_input(model: ZooVisionTransformer) -> None:
+    """timm keeps the architecture's `input_size` (3, 224, 224) in `pretrained_cfg` whatever size the model was
+    built for, so `timm.data.resolve_data_config(model=model)` would shrink every image to 224 px for a 1024-px
+    model: the model's own channels and size go there instead, with a mean and std per channel, as a loaded run
+    records them (`zoo.pretrained`). A cfg that already agrees (a loaded run's) is left as it is."""
+    from ..pretrained import _per_channel
+
+    cfg, in_chans = dict(model.pretrained_cfg), model.zoo_args.get("in_chans", 3)
+    size = (in_chans, *model.patch_embed.img_size)
+    if tuple(cfg.get("input_size", ())) != size:
+        cfg["input_size"] = size
+    cfg["fixed_input_size"] = not model.dynamic_img_size
+    for key in ("mean", "std"):
+        if key in cfg and len(cfg[key]) != in_chans:
+            cfg[key] = tuple(_per_channel(key, cfg[key], in_chans))
+    model.pretrained_cfg = model.default_cfg = cfg
 
 
 def _hub_failure(variant: str, error: Exception) -> str:
