@@ -84,7 +84,7 @@ DEVICE_OUT ?= device-check
 CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
 
 device-check:
-	PYTHONPATH=.:tools $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT)
+	PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT)
 
 # The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
 # recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
