@@ -206,7 +206,8 @@ def test_folder_errors(image_root, tmp_path):
 
 
 def test_build_dataset(image_root):
-    assert set(list_datasets()) == {
+    # other modules add datasets (zoo.data.recall, tests' toy sets): these must be among them
+    assert set(list_datasets()) >= {
         "megamnist",
         "folder",
         "genomes",

@@ -172,6 +172,7 @@ def _build_sequence(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module
         attn_drop_rate=cfg.attn_drop_rate,
         drop_path_rate=cfg.drop_path_rate,
         grad_checkpointing=cfg.grad_checkpointing,
+        short_conv=seq.short_conv,
         **shared,
         **sizes,
     )

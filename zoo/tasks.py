@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics a
 __all__ = [
     "IGNORE_INDEX",
     "CausalLanguageModelling",
+    "CausalTokenClassification",
     "Classification",
     "Forecast",
     "HeadSpec",
@@ -197,7 +198,7 @@ class TokenClassification(Task):
     default_metrics = ("top1", "f1", "mcc")
     eval_metrics = ("top1", "f1", "confusion")
     selection = ("f1", True)
-    inputs = ("dna", "kmer")
+    inputs = ("dna", "kmer", "tokens")
     per_position = True
     ignore_index = IGNORE_INDEX
 
@@ -225,6 +226,18 @@ class TokenClassification(Task):
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "num_classes", spec.num_classes)
         return TokenClassificationHead(spec.dim, spec.num_classes, steps=spec.steps, drop=spec.drop)
+
+
+@dataclass(frozen=True)
+class CausalTokenClassification(TokenClassification):
+    """`TokenClassification` by a causal model: the label of position i is predicted from positions 0 .. i only
+    (the recall probes of `zoo.data.recall` in their next-token layout, or any per-position label that must not
+    read the future). Accuracy is the selection metric: recall probes label few positions, and macro F1 over a
+    whole vocabulary averages mostly absent classes."""
+
+    name = "causal_token_classification"
+    selection = ("top1", True)
+    causal = True
 
 
 @dataclass(frozen=True)
@@ -353,5 +366,11 @@ def get_task(name: str) -> Task:
     return _TASKS[name]
 
 
-for _task in (Classification(), Forecast(), TokenClassification(), CausalLanguageModelling()):
+for _task in (
+    Classification(),
+    Forecast(),
+    TokenClassification(),
+    CausalLanguageModelling(),
+    CausalTokenClassification(),
+):
     register_task(_task)

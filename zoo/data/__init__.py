@@ -15,6 +15,7 @@ from . import fasta  # noqa: F401
 from . import timeseries  # noqa: F401
 from . import forecast  # noqa: F401
 from . import listops, lra_image, pathfinder  # noqa: F401
+from . import recall  # noqa: F401
 
 # isort: on
 from ._registry import (

@@ -11,6 +11,10 @@
   Backward recomputes each block's inputs from its outputs, so activation memory does not grow with depth.
 - `ff_chunks`: the feed-forward runs over that many chunks of the sequence, each checkpointed, so its
   `[n, 4 c]` hidden activations exist for one chunk at a time (Reformer's chunked feed-forward).
+- `short_conv`: a causal depthwise convolution of that many taps (`ShortConv`) on the normed input of every
+  attention, as the recall models of Zoology (https://arxiv.org/abs/2312.04927) and Based
+  (https://arxiv.org/abs/2402.18668) put one before every sequence mixer: binding a token to its neighbours is
+  then the convolution's job, and the attention's is only to look up.
 
 `block_class` gives a class for timm's `block_fn` slot, optionally with another attention in chosen blocks
 (`attn_layers`, the per-block layouts of `zoo.create_model(global_blocks=...)`); `ReversibleSequence` holds a
@@ -24,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.layers import LayerNorm
 from timm.models.vision_transformer import Block as TimmBlock
 from torch import Tensor, nn
@@ -38,6 +43,7 @@ __all__ = [
     "Block",
     "GAUBlock",
     "ReversibleSequence",
+    "ShortConv",
     "block_class",
     "chunked_feed_forward",
 ]
@@ -64,17 +70,50 @@ def _check_chunks(ff_chunks: int) -> int:
     return check_int("ff_chunks", ff_chunks, minimum=0)
 
 
-class Block(TimmBlock):
-    """timm's pre-norm `Block` (same submodules, so checkpoints load strictly) with its residual branches exposed
-    and an optional chunked feed-forward. Takes timm's `Block` arguments, then `ff_chunks`."""
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over tokens: `x: [b, n, c]` -> `[b, n, c]`, output i from inputs i - k + 1 .. i.
 
-    def __init__(self, *args: Any, ff_chunks: int = 0, **timm_args: Any) -> None:
+    Causal whatever the attention is, so a causal model stays causal and padding at the end never reaches a kept
+    token; positions a `[b, n]` keep mask drops are zeroed first, so they do not reach their neighbours either.
+    Initialised to the identity (the last tap 1, the others 0), so a model starts as it would without it.
+    """
+
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        self.kernel_size = check_int("short_conv", kernel_size, minimum=1)
+        self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim, padding=0)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.weight[:, 0, -1] = 1.0
+            self.conv.bias.zero_()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None and mask.dim() == 2 and mask.dtype == torch.bool and mask.shape == x.shape[:2]:
+            x = x.masked_fill(~mask[..., None], 0.0)
+        x = F.pad(x.transpose(1, 2), (self.kernel_size - 1, 0))  # [b, c, k - 1 + n]
+        return self.conv(x).transpose(1, 2)
+
+
+class Block(TimmBlock):
+    """timm's pre-norm `Block` (same submodules, so checkpoints load strictly) with its residual branches exposed,
+    an optional chunked feed-forward, and an optional `ShortConv` of `short_conv` taps (0: none) between `norm1`
+    and the attention. Takes timm's `Block` arguments, then `ff_chunks` and `short_conv`."""
+
+    def __init__(self, *args: Any, ff_chunks: int = 0, short_conv: int = 0, **timm_args: Any) -> None:
         super().__init__(*args, **timm_args)
         self.ff_chunks = _check_chunks(ff_chunks)
+        check_int("short_conv", short_conv, minimum=0)
+        self.short_conv = ShortConv(self.norm1.normalized_shape[0], short_conv) if short_conv else None
+
+    def mixer_input(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """What the attention reads: `norm1(x)`, through the short convolution when there is one."""
+        x = self.norm1(x)
+        return x if self.short_conv is None else self.short_conv(x, attn_mask)
 
     def branch1(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Attention branch, `[b, n, c]` -> `[b, n, c]`."""
-        return self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal)))
+        out = self.attn(self.mixer_input(x, attn_mask), attn_mask=attn_mask, is_causal=is_causal)
+        return self.drop_path1(self.ls1(out))
 
     def branch2(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Feed-forward branch, `[b, n, c]` -> `[b, n, c]` (position-wise: the mask and causality do not apply).

@@ -28,8 +28,10 @@ def has_step(attn: nn.Module) -> bool:
 
 
 def supports_recurrent(model: nn.Module) -> bool:
-    """True when every block's attention has a recurrent `decode_step`."""
-    return all(has_step(block.attn) for block in model.backbone.blocks)
+    """True when every block's attention has a recurrent `decode_step` (and no block has a short convolution,
+    whose window `block_step` does not carry)."""
+    blocks = model.backbone.blocks
+    return all(has_step(block.attn) and getattr(block, "short_conv", None) is None for block in blocks)
 
 
 def block_step(block: nn.Module, x: Tensor, state: Any) -> tuple[Tensor, Any]:

@@ -2,7 +2,9 @@
 
 `SequenceTransformer` is a stack of timm `Block`s (pre-norm; `blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 /
 mlp.fc1 / mlp.fc2`, then `norm` and `cls_token`, the names of timm's `VisionTransformer`), so an image ViT's
-block weights load into it (`load_vit_weights`). Every block gets the key padding mask and `is_causal`.
+block weights load into it (`load_vit_weights`). `short_conv=k` puts a causal depthwise convolution of k taps
+before every attention (`zoo.models.blocks.ShortConv`, `blocks.{i}.short_conv.conv`), as Zoology's and Based's
+recall models do. Every block gets the key padding mask and `is_causal`.
 `create_sequence_model(task, input=...)` puts an input embedding (`embeddings.py`), the backbone and the head of
 the task (`zoo.tasks`, which also owns the loss) together behind `forward(inputs, mask)` and
 `loss(outputs, targets, mask)`.
@@ -23,7 +25,7 @@ import torch
 from einops import rearrange
 from timm.layers import trunc_normal_
 from timm.models._manipulate import named_apply
-from timm.models.vision_transformer import Block, init_weights_vit_timm
+from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -31,6 +33,7 @@ from .._validate import did_you_mean
 from ..attention import AttentionBase, attention_class
 from ..attention._common import TIMM_ATTENTION_KEYS
 from ..tasks import HeadSpec, Task, get_task, list_tasks
+from .blocks import Block
 from .embeddings import (
     DNA_BASE_IDS,
     DNA_PAD,
@@ -120,7 +123,8 @@ def with_rotary(cls: type[nn.Module], base: float = 10000.0) -> type[nn.Module]:
 def _timm_blocks(
     depth: int, dim: int, num_heads: int, attn_layer: type[nn.Module], *, drop_path_rate: float = 0.0, **block_args
 ) -> nn.Sequential:
-    """`depth` timm `Block`s with stochastic depth rising linearly to `drop_path_rate` (as in timm's ViT)."""
+    """`depth` timm `Block`s (zoo's subclass, which adds `short_conv`) with stochastic depth rising linearly to
+    `drop_path_rate` (as in timm's ViT)."""
     rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth else []
     return nn.Sequential(
         *[
@@ -136,6 +140,7 @@ class SequenceTransformer(nn.Module):
     `forward_features` -> `[b, p + n, d]` after the final norm (p = 1 class token when `pool='cls'`, else 0);
     `forward` -> pooled `[b, d]` when `pool` is set, else the tokens `[b, n, d]`. `causal=True` passes
     `is_causal` to every attention (then `pool` may not be `cls`: a leading class token would see nothing).
+    `short_conv`: taps of the causal depthwise convolution before every attention (0: none).
     """
 
     def __init__(
@@ -158,6 +163,7 @@ class SequenceTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        short_conv: int = 0,
     ) -> None:
         super().__init__()
         _choice("positions", positions, POSITIONS)
@@ -188,6 +194,7 @@ class SequenceTransformer(nn.Module):
             attn_drop=attn_drop_rate,
             proj_drop=proj_drop_rate,
             drop_path_rate=drop_path_rate,
+            short_conv=short_conv,
         )
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.attn_pool = AttentionPool(dim) if pool == "attention" else None
@@ -267,13 +274,15 @@ def load_vit_weights(backbone: SequenceTransformer, state: dict[str, Tensor]) ->
     """Copy an image ViT's `blocks.*`, `norm.*` (and `cls_token` when both have one) into `backbone`.
 
     Strict for the blocks: every block key must be filled with the same shape, except a variant's own attention
-    parameters, whose names are returned. Image-only keys (`patch_embed`, `pos_embed`, `head`) are skipped.
+    parameters and the short convolution's, whose names are returned. Image-only keys (`patch_embed`,
+    `pos_embed`, `head`) are skipped.
     """
     own = backbone.state_dict()
     wanted = [k for k in own if k.startswith(("blocks.", "norm."))]
     taken = {k: v for k, v in state.items() if k.startswith(("blocks.", "norm.")) or (k == "cls_token" and k in own)}
     unexpected = [k for k in taken if k not in own]
-    missing = [k for k in wanted if k not in taken and not _is_attention_extra(k)]
+    # an image ViT has no short convolution: it starts as the identity, as in a model trained from scratch
+    missing = [k for k in wanted if k not in taken and not (_is_attention_extra(k) or ".short_conv." in k)]
     if k := next((k for k in taken if k in own and taken[k].shape != own[k].shape), None):
         raise ValueError(f"ViT weight {k} has shape {tuple(taken[k].shape)}, the backbone {tuple(own[k].shape)}")
     if unexpected or missing:
@@ -414,6 +423,7 @@ def create_sequence_model(
     proj_drop_rate: float = 0.0,
     drop_path_rate: float = 0.0,
     grad_checkpointing: bool = False,
+    short_conv: int = 0,
 ) -> SequenceModel:
     """A `SequenceModel` for `task` (a name of `zoo.tasks`) on `input`.
 
@@ -422,7 +432,8 @@ def create_sequence_model(
     training error); token_classification (dna, kmer with stride k; needs `num_classes`); causal_lm (dna; next
     nucleotide, `tie_embeddings` shares the output embedding with the input one). `tokens` are ids below
     `vocab_size` of a dataset's own vocabulary (padding comes from the mask).
-    `positions` defaults to rotary for causal_lm and learned otherwise; the learned table has `max_len` entries
+    `short_conv=k` (0: none) puts a causal depthwise convolution of k taps before every attention (Zoology's and
+    Based's recall models use 3). `positions` defaults to rotary for causal tasks and learned otherwise; the learned table has `max_len` entries
     (default: the token count of `seq_len`, else 1024). Series are `[b, l, c]`, normalised with RevIN when
     `revin` (forecasts are returned in the input's units), patched with `patch_len` / `patch_stride`.
     """
@@ -467,6 +478,7 @@ def create_sequence_model(
         attn_drop_rate=attn_drop_rate,
         proj_drop_rate=proj_drop_rate,
         drop_path_rate=drop_path_rate,
+        short_conv=short_conv,
     )
     backbone.set_grad_checkpointing(grad_checkpointing)
     folded = num_channels if input == "series" and channel_independent else 1

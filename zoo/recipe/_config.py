@@ -84,6 +84,9 @@ class SequenceConfig:
     revin: bool = True
     forecast_loss: Literal["mse", "mae"] = "mse"
     tie_embeddings: bool = True
+    # taps of a causal depthwise convolution before every attention (0: none); Zoology's and Based's recall models
+    # use 3, so that binding a token to its neighbour is not the attention's job
+    short_conv: int = bounded(0, min=0, max=64)
 
 
 # SequenceConfig keys that only some inputs use (and, from zoo.tasks, those that only some tasks use: a task's
