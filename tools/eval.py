@@ -34,7 +34,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     run_dir = Path(args.run_dir)
-    if run_dir.is_dir():
+    # a folder that is not a run gets nothing written into it: the error is one line on stderr
+    if (run_dir / "recipe.yaml").is_file():
         log_to(run_dir / "eval.log")
     result = evaluate_run(run_dir, checkpoint=args.checkpoint, split=args.split)
     output = Path(args.output) if args.output else run_dir / "eval.json"

@@ -8,14 +8,19 @@ forecasting run), as CSV (stdout by default) or JSON. Inputs are read as the run
     tools/predict.py runs/yeast_coding_quick chrI.fa --output labels.csv  # one row per nucleotide: its label
     tools/predict.py runs/ucr_plaid_quick series.csv                      # one row per series (row of the file)
     tools/predict.py runs/elecdemand_quick demand.csv                     # the next horizon steps of the targets
+    tools/predict.py runs/elecdemand_quick gaps.csv --set data.options.nan=interpolate   # missing values filled
 
-An input that cannot be read is named on stderr and skipped; the others are predicted.
+An input that cannot be read is named on stderr and skipped whole; the others are predicted. Files in a folder that
+are not inputs, and empty FASTA records, are counted on stderr. --set changes how series files are read (the data
+options nan and label_column); everything else is the run's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+import yaml
 
 from zoo.cli import run_cli
 from zoo.predict import format_of, predict, write_predictions
@@ -34,16 +39,42 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)"
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="read the inputs with other data options, after the inputs: --set data.options.nan=mask "
+        "(series: nan, label_column)",
+    )
+    parser.add_argument("--debug", action="store_true", help="print the full traceback of any error")
     return parser.parse_args()
+
+
+def read_options(overrides: list[str]) -> dict:
+    """`data.options.KEY=VALUE` items -> `{KEY: VALUE}` (VALUE read as YAML); a ValueError naming any other item."""
+    options = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        name = key.strip().removeprefix("data.options.")
+        if not sep or name == key.strip() or not name or "." in name:
+            raise ValueError(f"--set {item!r}: predict takes data.options.KEY=VALUE, e.g. data.options.nan=mask")
+        options[name] = yaml.safe_load(text) if text.strip() else text
+    return options
 
 
 def main() -> None:
     args = parse_args()
+    options = read_options(args.overrides)
     if args.output:
         # a wrong suffix fails before the model runs
         format_of(args.output)
     model = load_model(args.run, checkpoint=args.checkpoint)
-    predictions = predict(model, args.inputs, top_k=args.top_k, batch_size=args.batch_size, progress=True)
+    predictions = predict(
+        model, args.inputs, top_k=args.top_k, batch_size=args.batch_size, progress=True, options=options
+    )
     write_predictions(predictions, args.output or sys.stdout, None if args.output else "csv")
     skipped = f", {len(predictions.skipped)} input(s) skipped" if predictions.skipped else ""
     where = f" to {args.output}" if args.output else ""

@@ -3,9 +3,9 @@
 `predict(model, inputs)` reads what the model's run was trained on (`model.zoo_run`, see `zoo.runs`; a ViT saved by
 `save_pretrained` reads images):
 
-- images: files, or folders searched recursively for image files; decoded by `zoo.data.images.open_image` (any bit
-  depth, palette, alpha), then resized, cropped and normalised by timm's eval transform of the model's
-  `pretrained_cfg` (`timm.data.resolve_data_config(model=model)`): one row per image;
+- images: files, or folders searched recursively for image files; read by `image_loader(model)`: decoded by
+  `zoo.data.images.open_image` (any bit depth, palette, alpha), then resized, cropped and normalised by timm's eval
+  transform of the model's `pretrained_cfg` (`timm.data.resolve_data_config(model=model)`): one row per image;
 - FASTA files (a folder: its FASTA files): each record cut as the run's data was (`window`, `stride`; a set without
   windows: the record whole, cut at its `max_length`): one row per window, or for a per-position task one row per
   nucleotide with its label;
@@ -14,7 +14,11 @@
   run's input columns give `horizon` rows of the target columns, in their own units.
 
 Classification rows hold the `top_k` classes and their probabilities. An input that cannot be read is named in one
-warning and skipped (`Predictions.skipped`); the others are predicted. `write_predictions` writes CSV or JSON.
+warning and skipped whole (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are
+predicted. Inside a folder, files that are not inputs of the run's kind (`notes.txt`, `.DS_Store`) are counted in a
+warning, and so are the empty records of a FASTA file. `options` (`tools/predict.py --set data.options.KEY=VALUE`)
+changes how series files are read (`READ_OPTIONS`: `nan`, a CSV file's `label_column`) from the run's recipe.
+`write_predictions` writes CSV or JSON.
 
 Letter legend: b - batch, n - positions, k - classes, t - horizon, c - channels.
 """
@@ -43,12 +47,16 @@ from .data.images import ImageError, open_image
 from .data.nucleotides import DNATokenizer, read_fasta
 from .data.sequence import PadCollate, window_starts
 
-__all__ = ["Predictions", "predict", "write_predictions"]
+__all__ = ["READ_OPTIONS", "ImageLoader", "Predictions", "image_loader", "predict", "write_predictions"]
 
 _logger = logging.getLogger(__name__)
 
 _SERIES_SUFFIXES = (".csv", ".ts")
 FORMATS = ("csv", "json")
+# data.options a prediction may read its inputs with, by input kind (the others are tied to the trained model)
+READ_OPTIONS = {"image": (), "dna": (), "series": ("nan", "label_column")}
+# how a user of predict sets the policy for missing values
+_NAN_FIX = "rerun with --set data.options.nan=mask (or interpolate; options={'nan': 'mask'} in Python)"
 
 
 @dataclass
@@ -84,9 +92,12 @@ def predict(
     top_k: int = 5,
     batch_size: int = 32,
     progress: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Predictions:
     """Predict every input (paths of files or folders, see the module docstring) with `model` in eval mode, in
-    batches of `batch_size`; classification rows keep the `top_k` best classes (at most the class count)."""
+    batches of `batch_size`; classification rows keep the `top_k` best classes (at most the class count). `options`:
+    data options that read the inputs otherwise than the run's recipe did (`READ_OPTIONS` of the run's input kind,
+    e.g. `{"nan": "mask"}`)."""
     check_int("top_k", top_k, 1)
     check_int("batch_size", batch_size, 1)
     if isinstance(inputs, (str, Path)):
@@ -97,6 +108,8 @@ def predict(
         raise ValueError(f"predict does not handle task {task!r}; it handles {', '.join(_TASKS)}")
     if kind not in _READERS:
         raise ValueError(f"predict does not read {kind!r} inputs (the run's data); it reads {', '.join(_READERS)}")
+    if options:
+        description = {**description, "inputs": {**description.get("inputs", {}), **_read_options(options, kind)}}
     result = Predictions(task)
     items = _READERS[kind](model, description, [Path(p) for p in inputs], result)
     outputs = _TASKS[task]
@@ -113,6 +126,22 @@ def predict(
         reasons = "; ".join(f"{name}: {reason}" for name, reason in result.skipped[:3])
         raise ValueError(f"nothing to predict: no input could be read ({reasons or 'no inputs given'})")
     return result
+
+
+def _read_options(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """`options` checked against what reads `kind` inputs: a ValueError naming a key or value that does not apply."""
+    from .data._tables import NAN_POLICIES
+
+    allowed = READ_OPTIONS.get(kind, ())
+    for key, value in options.items():
+        if key not in allowed:
+            takes = f"takes only {', '.join(f'data.options.{name}' for name in allowed)}" if allowed else "takes none"
+            raise ValueError(f"data.options.{key}: predict reads {kind} inputs as the run was trained; it {takes}")
+        if key == "nan" and value not in NAN_POLICIES:
+            raise ValueError(f"data.options.nan must be one of {', '.join(NAN_POLICIES)}, got {value!r}")
+        if key == "label_column" and (not isinstance(value, str) or not value):
+            raise ValueError(f"data.options.label_column must be a column name, got {value!r}")
+    return dict(options)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -161,22 +190,32 @@ def _stack(tensors: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
 
 
 def _files(paths: Sequence[Path], wanted: Callable[[Path], bool], what: str, result: Predictions) -> list[Path]:
-    """Every path that is a file, and the `wanted` files under every folder (recursively, hidden ones left out,
-    sorted); a missing path or a folder without such files is skipped."""
+    """Every path that is a file, and the `wanted` files under every folder (recursively, sorted; hidden files and
+    folders and the files that are not `wanted` counted in a warning); a missing path or a folder without such files
+    is skipped."""
     found = []
     for path in paths:
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            inside = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and wanted(p) and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            inside, others = _folder_files(path, wanted)
+            if others:
+                shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+                _logger.warning("%s: left out %d files that are not %s (%s)", path, len(others), what, shown)
             found.extend(inside) if inside else _skip(result, path, f"a folder without {what}")
         else:
             _skip(result, path, "no such file or folder")
     return found
+
+
+def _folder_files(folder: Path, wanted: Callable[[Path], bool]) -> tuple[list[Path], list[str]]:
+    """The `wanted` visible files under `folder` (sorted), and the other files' paths relative to it."""
+    inside, others = [], []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder)
+        hidden = any(part.startswith(".") for part in relative.parts)
+        inside.append(path) if wanted(path) and not hidden else others.append(str(relative))
+    return inside, others
 
 
 def _image_suffixes() -> set[str]:
@@ -186,24 +225,47 @@ def _image_suffixes() -> set[str]:
     return set(Image.registered_extensions())
 
 
-def _read_images(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> _Lazy:
-    """Each image as `[c, h, w]`, preprocessed as the model's `pretrained_cfg` says, decoded when its batch is."""
-    from timm.data import create_transform, resolve_data_config
+class ImageLoader:
+    """An image file -> the model's input `[c, h, w]`: `zoo.data.images.open_image` (16-bit values scaled by their
+    bit depth, alpha composited on black, palette and CMYK converted, the first frame, the EXIF orientation), then
+    timm's eval transform of the model's `pretrained_cfg` (resize, centre crop, normalise). `config`: timm's
+    `resolve_data_config(model=model)`; `mode`: `RGB`, or `L` for a one-channel model."""
 
-    config = resolve_data_config(model=model)
-    transform = create_transform(**config)
-    mode = "L" if config["input_size"][0] == 1 else "RGB"
+    def __init__(self, model: nn.Module) -> None:
+        from timm.data import create_transform, resolve_data_config
+
+        self.config = resolve_data_config(model=model)
+        self.transform = create_transform(**self.config)
+        self.mode = "L" if self.config["input_size"][0] == 1 else "RGB"
+
+    def __call__(self, path: str | Path) -> Tensor:
+        """float32 `[c, h, w]`; an ImageError naming `path` when it cannot be decoded."""
+        return self.transform(open_image(path, self.mode))
+
+
+def image_loader(model: nn.Module) -> ImageLoader:
+    """How `predict` reads an image for `model` (a ViT of `zoo.load_model` or `zoo.create_model`), as one call for
+    your own scripts: `image_loader(model)("a.png")[None]` is a batch of one, preprocessed as `predict` and the
+    training data preprocess it. timm's route (`create_transform(**resolve_data_config(model=model))` on
+    `PIL.Image.open(path).convert("RGB")`) gives the same tensor for 8-bit RGB files but clips 16-bit images and
+    drops alpha instead of compositing it on black."""
+    return ImageLoader(model)
+
+
+def _read_images(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> _Lazy:
+    """Each image as `[c, h, w]`, read by `image_loader(model)`, decoded when its batch is."""
+    load = image_loader(model)
     suffixes = _image_suffixes()
     files = _files(paths, lambda p: p.suffix.lower() in suffixes, "image files", result)
 
     def decoded() -> Iterator[Item]:
         for path in files:
             try:
-                image = open_image(path, mode)
+                image = load(path)
             except ImageError as error:
                 _skip(result, path, error.reason)
                 continue
-            yield {"input": str(path)}, (transform(image),)
+            yield {"input": str(path)}, (image,)
 
     return _Lazy(len(files), decoded())
 
@@ -224,6 +286,9 @@ def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], resu
         except (OSError, ValueError, EOFError) as error:
             _skip(result, path, _first_line(error))
             continue
+        empty = [name for name, codes in records if not len(codes)]
+        if empty:
+            _logger.warning("%s: left out %d empty record(s) (no nucleotides): >%s", path, len(empty), empty[0])
         for name, codes in records:
             starts = window_starts(len(codes), window, stride).tolist() if window else [0] * bool(len(codes))
             for start in starts:
@@ -246,7 +311,8 @@ def _read_series(model: nn.Module, description: dict, paths: Sequence[Path], res
     items = []
     for path in _files(paths, lambda p: p.suffix.lower() in _SERIES_SUFFIXES, "CSV or .ts files", result):
         try:
-            items.extend(read(path, description["inputs"]))
+            # every row read before any is kept: a file is predicted whole or skipped whole
+            items.extend(list(read(path, description["inputs"])))
         except (OSError, ValueError) as error:
             _skip(result, path, _first_line(error))
     return items
@@ -268,7 +334,7 @@ def _series_of_file(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
     from .data.timeseries import read_ts
 
     if path.suffix.lower() == ".ts":
-        for number, series in enumerate(read_ts(path, nan=inputs.get("nan", "error")).series, start=1):
+        for number, series in enumerate(read_ts(path, nan=inputs.get("nan", "error"), fix=_NAN_FIX).series, start=1):
             yield {"input": str(path), "item": number}, _as_sample(series.T, inputs)
         return
     table = read_table(path, ragged=True)
@@ -282,7 +348,8 @@ def _series_of_file(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
         def where(i: int, row: int = row, steps: list[int] = steps) -> str:
             return table.where(row, steps[i])
 
-        values = apply_nan_policy(parse_cells([cells[i] for i in steps], where), inputs.get("nan", "error"), where)
+        values = parse_cells([cells[i] for i in steps], where)
+        values = apply_nan_policy(values, inputs.get("nan", "error"), where, fix=_NAN_FIX)
         yield {"input": str(path), "item": row + 1}, _as_sample(values[:, None], inputs)
 
 
@@ -305,7 +372,7 @@ def _forecast_window(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
             return table.where(rows[i], at)
 
         column = parse_cells([table.rows[r][at] for r in rows], where)
-        values.append(apply_nan_policy(column, inputs.get("nan", "error"), where))
+        values.append(apply_nan_policy(column, inputs.get("nan", "error"), where, fix=_NAN_FIX))
     index = [columns.index(name) for name in inputs["inputs"]]
     mean, std = np.asarray(inputs["mean"])[index], np.asarray(inputs["std"])[index]
     yield {"input": str(path)}, _as_sample((np.stack(values, axis=1) - mean) / std, {})

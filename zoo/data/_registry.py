@@ -27,16 +27,19 @@ What a sample holds depends on the kind: ``image`` sets give ``(image [c, h, w] 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from torch.utils.data import Dataset, default_collate
 
 from .._validate import did_you_mean
 from .sequence import PadCollate
 
 __all__ = [
+    "DEFAULT_NUM_SAMPLES",
     "INPUT_KINDS",
     "DataContext",
     "DatasetSpec",
@@ -51,6 +54,12 @@ __all__ = [
 # tokens (integer `tokens` from a dataset's own vocabulary, e.g. ListOps, Pathfinder pixels)
 INPUT_KINDS = ("image", "dna", "series", "tokens")
 RootUse = Literal["required", "optional", "none"]
+# data.train_samples / val_samples / test_samples when a recipe leaves them out (zoo.recipe's DataConfig defaults):
+# a generated set makes that many items, a set of your files keeps every item unless a recipe asks for another count
+DEFAULT_NUM_SAMPLES = {"train": 10000, "val": 1000, "test": 1000}
+_SPLITS = ("train", "val", "test")
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,38 @@ class DataContext:
     in_chans: int | None = None
     # the model takes images of any size (model.dynamic_img_size): a set need not match img_size
     dynamic_img_size: bool = False
+
+    def requested_samples(self) -> int | None:
+        """`num_samples` where a recipe asks for a count other than its default for this split, else None."""
+        if self.num_samples is None or self.num_samples == DEFAULT_NUM_SAMPLES.get(self.split):
+            return None
+        return self.num_samples
+
+    def subset(self, total: int, what: str) -> np.ndarray | None:
+        """For a set of your files: the sorted indices of `data.<split>_samples` of its `total` items, drawn from the
+        seed (the same items every run), with a warning that counts them; None when every item is kept (the
+        recipe's default count, or one at least `total`, which is warned about). `what` names the items (`images of
+        'root/train'`)."""
+        wanted = self.requested_samples()
+        if wanted is None:
+            return None
+        key = f"data.{self.split}_samples"
+        if wanted >= total:
+            if wanted > total:
+                _logger.warning("%s=%d asks for more than the %d %s: all %d kept", key, wanted, total, what, total)
+            return None
+        _logger.warning("%s=%d: %d of the %d %s kept (drawn with data.seed)", key, wanted, wanted, total, what)
+        generator = np.random.default_rng([self.seed, _SPLITS.index(self.split) if self.split in _SPLITS else 3])
+        return np.sort(generator.permutation(total)[:wanted])
+
+    def refuse_samples(self, name: str, why: str) -> None:
+        """A ValueError naming `data.<split>_samples` when a recipe sets it for dataset `name`, which cannot
+        honour it (`why`)."""
+        wanted = self.requested_samples()
+        if wanted is not None:
+            raise ValueError(
+                f"data.{self.split}_samples={wanted}: dataset {name!r} {why}; leave data.{self.split}_samples out"
+            )
 
 
 @dataclass(frozen=True)

@@ -126,19 +126,22 @@ def parse_cells(cells: Sequence[str], where: Callable[[int], str]) -> np.ndarray
 
 
 def apply_nan_policy(
-    values: np.ndarray, policy: str, where: Callable[[int], str], *, fix: str = "data.options.nan"
+    values: np.ndarray,
+    policy: str,
+    where: Callable[[int], str],
+    *,
+    fix: str = "set data.options.nan: mask or interpolate",
 ) -> np.ndarray:
     """`values` `[N]` (a series along time, NaN = missing) under `policy` (see the module docstring): unchanged for
     `mask`, filled for `interpolate` (a ValueError when no value is observed), a ValueError naming `where(i)` of the
-    first missing value for `error`."""
+    first missing value for `error`, advising `fix` (how the caller's user sets the policy)."""
     missing = np.isnan(values)
     if not missing.any() or policy == "mask":
         return values
     if policy == "error":
         first = int(np.flatnonzero(missing)[0])
         raise ValueError(
-            f"{where(first)}: missing value ({int(missing.sum())} in this series); set {fix}: mask or interpolate "
-            "to accept missing values"
+            f"{where(first)}: missing value ({int(missing.sum())} in this series); {fix} to accept missing values"
         )
     if policy != "interpolate":
         raise ValueError(f"nan must be one of {', '.join(NAN_POLICIES)}, got {policy!r}")

