@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +22,15 @@ from .model_kinds import get_model_kind
 from .pretrained import check_state_dict, read_weights
 from .recipe import Recipe, load_recipe
 
-__all__ = ["baselines", "evaluate_run", "load_checked", "plot_confusion", "resolve_weights"]
+__all__ = [
+    "ConfusionLayout",
+    "baselines",
+    "confusion_layout",
+    "evaluate_run",
+    "load_checked",
+    "plot_confusion",
+    "resolve_weights",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -63,37 +72,139 @@ def load_checked(model: nn.Module, weights: Path) -> None:
     model.load_state_dict(state)
 
 
+# Geometry of the confusion plot, in points (1/72 in): a class's cell is _CELL_PT wide up to 40 classes, narrower
+# beyond so that the matrix stays within _MATRIX_PT; the margins grow with the longest class name.
+_CELL_PT = 36.0
+_MATRIX_PT = 1440.0
+_FONT_PT = (6.0, 10.0)  # the smallest and largest size of class names and counts
+_NAME_CHARS = 40  # a longer class name is cut with an ellipsis in the plot (eval.json keeps it whole)
+_TICK_PT = 8.0  # a tick and its pad
+_AXIS_LABEL_PT = 24.0  # "true" / "predicted" and their pad
+_COLORBAR_PT = 60.0  # the colour bar and its numbers, drawn when no count fits a cell
+# up to this many classes a zero count is written; beyond, its cell is left empty (the many zeros of a large
+# matrix hide its few errors, and ten thousand labels take half a minute to draw)
+_ZEROS_UP_TO = 20
+CONFUSION_DPI = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfusionLayout:
+    """Where `plot_confusion` draws, in points: the cell of one class, the size of the class names (every
+    `stride`-th class named), the size of the counts (None: not written, a colour bar instead), whether the
+    predicted names are turned upright, and the margins around the matrix."""
+
+    cell: float
+    font: float
+    stride: int
+    count_font: float | None
+    rotate: bool
+    left: float
+    bottom: float
+    right: float
+    top: float = 12.0
+
+    def size(self, classes: int) -> tuple[float, float]:
+        """(width, height) of the figure in points."""
+        side = self.cell * classes
+        return self.left + side + self.right, self.bottom + side + self.top
+
+
+def confusion_layout(
+    values: torch.Tensor, names: Sequence[str], fonts: Sequence[str] = ("DejaVu Sans",)
+) -> ConfusionLayout:
+    """The layout of `values` (`[classes, classes]` counts) with class `names` (cut at 40 letters) drawn in
+    `fonts`."""
+    classes = len(values)
+    cell = min(_CELL_PT, _MATRIX_PT / max(classes, 1))
+    font = min(max(0.8 * cell, _FONT_PT[0]), _FONT_PT[1])
+    # every k-th name where the cells are narrower than one line of text
+    stride = max(1, math.ceil(font / cell))
+    rotate = max((len(_shorten(name)) for name in names), default=0) > 3
+    name_width = max((_text_width(_shorten(name), font, fonts) for name in names[::stride]), default=0.0)
+    count_font = _count_font(values, cell, fonts)
+    return ConfusionLayout(
+        cell=cell,
+        font=font,
+        stride=stride,
+        count_font=count_font,
+        rotate=rotate,
+        left=name_width + _TICK_PT + _AXIS_LABEL_PT,
+        bottom=(name_width if rotate else font) + _TICK_PT + _AXIS_LABEL_PT,
+        right=12.0 if count_font else _COLORBAR_PT,
+    )
+
+
 def plot_confusion(matrix: Sequence[Sequence[int]], path: Path, class_names: Sequence[str] | None = None) -> None:
-    """The confusion matrix as a PNG, class names as they are written: in a font that has their letters (DejaVu
-    Sans covers Latin, Greek and Cyrillic; another installed font is looked for, e.g. for CJK), else with the
-    missing letters as `\\uXXXX` escapes; `$` is never read as mathtext."""
+    """The confusion matrix as a PNG, readable from 2 to hundreds of classes (`confusion_layout`): each class a
+    square cell, its count written in it where the count fits (beyond 20 classes only counts that are not zero; a
+    colour bar where no count fits), margins as wide as the longest class name needs, a name every k-th class
+    where the cells are narrower than a line. Class names are drawn as they are written, cut at 40 letters: in a
+    font that has their letters (DejaVu Sans covers Latin, Greek and Cyrillic; another installed font is looked for,
+    e.g. for CJK), else with the missing letters as `\\uXXXX` escapes; `$` is never read as mathtext."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     values = torch.tensor(matrix)
-    fonts, names = _font_for([str(name) for name in (class_names or range(len(values)))])
-    with matplotlib.rc_context({"text.parse_math": False, "font.family": fonts}):
-        fig, ax = plt.subplots(figsize=(1 + 0.6 * len(names), 1 + 0.6 * len(names)))
+    classes = len(values)
+    fonts, names = _font_for([_shorten(str(name)) for name in (class_names or range(classes))])
+    layout = confusion_layout(values, names, fonts)
+    width, height = layout.size(classes)
+    side = layout.cell * classes
+    with matplotlib.rc_context({"text.parse_math": False, "font.family": fonts, "font.size": layout.font}):
+        fig = plt.figure(figsize=(width / 72, height / 72))
+        ax = fig.add_axes((layout.left / width, layout.bottom / height, side / width, side / height))
         # a NumPy array: matplotlib's conversion of a tensor goes through a deprecated __array__ call
-        ax.imshow(values.numpy(), cmap="Blues")
-        ax.set(
-            xticks=range(len(names)),
-            yticks=range(len(names)),
-            xticklabels=names,
-            yticklabels=names,
-            xlabel="predicted",
-            ylabel="true",
-        )
-        ax.tick_params(axis="x", labelrotation=90 if max(map(len, names), default=0) > 3 else 0)
-        threshold = values.max().item() / 2
-        cells = torch.cartesian_prod(torch.arange(len(names)), torch.arange(len(names))).tolist()
-        for (row, col), count in zip(cells, values.flatten().tolist()):
-            ax.text(col, row, count, ha="center", va="center", color="white" if count > threshold else "black")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        image = ax.imshow(values.numpy(), cmap="Blues", interpolation="nearest", aspect="equal")
+        ticks = range(0, classes, layout.stride)
+        named = names[:: layout.stride]
+        ax.set(xticks=ticks, yticks=ticks, xticklabels=named, yticklabels=named, xlabel="predicted", ylabel="true")
+        ax.tick_params(axis="x", labelrotation=90 if layout.rotate else 0)
+        if layout.count_font:
+            _write_counts(ax, values, layout.count_font)
+        else:
+            bar = (layout.left + side + 8) / width, layout.bottom / height, 10 / width, side / height
+            fig.colorbar(image, cax=fig.add_axes(bar))
+        fig.savefig(path, dpi=CONFUSION_DPI)
     plt.close(fig)
+
+
+def _write_counts(ax, values: torch.Tensor, size: float) -> None:
+    """Each count in its cell, white on the dark ones; zeros left out of a matrix of more than 20 classes."""
+    classes, threshold = len(values), values.max().item() / 2
+    cells = torch.cartesian_prod(torch.arange(classes), torch.arange(classes)).tolist()
+    for (row, col), count in zip(cells, values.flatten().tolist()):
+        if count == 0 and classes > _ZEROS_UP_TO:
+            continue
+        color = "white" if count > threshold else "black"
+        ax.text(col, row, count, ha="center", va="center", color=color, fontsize=size)
+
+
+def _shorten(name: str) -> str:
+    return name if len(name) <= _NAME_CHARS else name[: _NAME_CHARS - 1] + "\u2026"
+
+
+def _text_width(text: str, size: float, fonts: Sequence[str]) -> float:
+    """Width in points of `text` drawn at `size` points in `fonts` (the first one's widths; the others draw only
+    the few letters it lacks)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(family=list(fonts), size=size), False)
+    return width
+
+
+def _count_font(values: torch.Tensor, cell: float, fonts: Sequence[str]) -> float | None:
+    """The largest size (within _FONT_PT) at which the widest count fits a cell of `cell` points; None when none
+    does."""
+    widest = str(int(values.max().item())) if values.numel() else "0"
+    size = _FONT_PT[1]
+    while size >= _FONT_PT[0]:
+        if size <= 0.8 * cell and _text_width(widest, size, fonts) <= 0.85 * cell:
+            return size
+        size -= 1.0
+    return None
 
 
 def _font_for(names: list[str]) -> tuple[list[str], list[str]]:
