@@ -24,7 +24,9 @@ from zoo_bench.device_check import PARTS, run_device_check
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if available, else cpu")
-    parser.add_argument("--out", required=True, help="folder for device_check.json, device_check.md and bench/")
+    parser.add_argument(
+        "--out", required=True, help="folder for device_check.json, device_check.md and the sweep report"
+    )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="default: all, in order")
     parser.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every part's time budget (default: %(default)s)"

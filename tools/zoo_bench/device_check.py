@@ -3,7 +3,8 @@
 `tools/device_check.py --device cuda --out DIR` (`make device-check DEVICE_OUT=DIR`) runs four parts, each under
 its own time budget, and rewrites `DIR/device_check.json` (everything) and `DIR/device_check.md` (the report)
 after every item, so a run cut short still returns what finished; the sweep's own report (`results.json`,
-`results.md`, `time.png`, `memory.png`, as `tools/benchmark.py` writes them) goes to `DIR/bench/`.
+`results.md`, `time.png`, `memory.png`, as `tools/benchmark.py` writes them) goes beside them, so that DIR is what
+`benchmarks/<gpu name>/` commits.
 
 - `correctness`: every registered variant (its `test_options`, B=2, N=37, dim 32, 2 heads, key padding; causal
   too where it has a causal mode), forward and backward on the device in fp32 and bf16, against the same module
@@ -362,7 +363,6 @@ def run_bench(report: Report, profile: Profile) -> None:
         warmup=1,
     )
     names = _bench_variants()
-    out = report.out / "bench"
     with _budget(report, "bench", profile.budgets["bench"]) as over:
         part = report.part("bench")
         meta = metadata(
@@ -377,7 +377,7 @@ def run_bench(report: Report, profile: Profile) -> None:
             notes=["measured in one process by the device check (CUDA's peak memory is reset per phase)"],
         )
         results: dict[str, Any] = {"metadata": meta, "records": [], "summary": {}}
-        part["report"] = "bench/results.md"
+        part["report"] = "results.md"
         for done, name in enumerate(names):
             if over():
                 _skip_rest(part, names, done)
@@ -394,7 +394,7 @@ def run_bench(report: Report, profile: Profile) -> None:
                 torch.cuda.empty_cache()
         results["summary"] = bench_summary(results["records"])
         part["summary"] = results["summary"]
-        write_report(results, out)
+        write_report(results, report.out)
 
 
 def _bench_lengths(name: str, lengths: tuple[int, ...]) -> list[int]:
@@ -602,7 +602,7 @@ def _md_flex(part: dict[str, Any]) -> list[str]:
 
 def _md_bench(part: dict[str, Any]) -> list[str]:
     lines = [
-        "Forward + backward, batch 1, bf16 on CUDA (fp32 on the CPU); the full tables in `bench/results.md`.",
+        "Forward + backward, batch 1, bf16 on CUDA (fp32 on the CPU); the full tables in `results.md`.",
         "",
         "| variant | crossover vs softmax (tokens) | speedup over softmax |",
         "|---|---|---|",
