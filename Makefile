@@ -77,14 +77,16 @@ bench-gpu: bench-peers
 
 # The device check (tools/device_check.py): every variant on the device against the CPU, the FlexAttention backend
 # compiled there, the bf16 sweep 1K-64K and the training throughput of the 1024 / 2048-px recipes, about 8 minutes
-# on an H100, results rewritten into DEVICE_OUT after every item. Made for a bare GPU machine: without a .venv it
+# on an H100, results rewritten into DEVICE_OUT after every item (DEVICE_SCALE multiplies every part's budget). Made for a bare GPU machine: without a .venv it
 # runs the system Python over this checkout, installing nothing. `make device-check DEVICE=cpu` runs toy sizes.
 DEVICE ?= cuda
 DEVICE_OUT ?= device-check
+DEVICE_SCALE ?= 1
 CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
 
 device-check:
-	PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT)
+	PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
+		--budget-scale $(DEVICE_SCALE)
 
 # The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
 # recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
