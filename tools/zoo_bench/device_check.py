@@ -535,7 +535,8 @@ def markdown(results: dict[str, Any]) -> str:
             continue
         part = parts[name]
         status = part["status"] + (f": {part['message']}" if part.get("message") else "")
-        lines += [f"## {name} ({status}, {part.get('wall_s', '?')} s of {part.get('budget_s', '?'):g})", ""]
+        budget = f"{part['budget_s']:g}" if "budget_s" in part else "?"
+        lines += [f"## {name} ({status}, {part.get('wall_s', '?')} s of {budget})", ""]
         lines += writer(part)
         if part.get("skipped_for_time"):
             lines += [f"Not run (time budget): {', '.join(part['skipped_for_time'])}.", ""]
