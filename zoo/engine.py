@@ -269,6 +269,8 @@ class Trainer:
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
         self.scheduler = self._scheduler()
         self.state = TrainState(pretrained=pretrained)
+        # [count, last value] of the non-finite losses among the current step's batches, on the device
+        self._nonfinite_losses: Tensor | None = None
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
@@ -417,37 +419,53 @@ class Trainer:
                 outputs = self.model(*self.kind.inputs(batch))
                 loss = self.task.loss(outputs, targets, mask, label_smoothing=cfg.label_smoothing)
                 loss = loss + auxiliary_loss(self.model)
-            if not self._loss_is_finite(loss):
-                # no backward and no optimizer step: the batch (and what this step accumulated) is dropped
+            self._count_nonfinite(loss)
+            acc.backward(loss)
+            if acc.sync_gradients and not self._step_is_finite():
+                # no optimizer step: the step's batches, whose gradients a non-finite loss spoiled, are dropped
                 self.optimizer.zero_grad(set_to_none=True)
                 return loss
-            acc.backward(loss)
             if acc.sync_gradients and cfg.clip_grad:
                 acc.clip_grad_norm_(self.model.parameters(), cfg.clip_grad)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss
 
-    def _loss_is_finite(self, loss: Tensor) -> bool:
-        """True when the loss is finite on every process. Otherwise the batch is skipped while fewer than
-        `train.skip_nonfinite` were, else the run stops with a NonFiniteError naming the step and last checkpoint."""
-        bad = (~torch.isfinite(loss.detach())).float().reshape(1)
-        if self.accelerator.num_processes > 1:
-            # every process skips the same batch, or none does: a lone skip would hang the gradient all-reduce
-            bad = self.accelerator.reduce(bad, "sum")
-        if not bad.item():
+    def _count_nonfinite(self, loss: Tensor) -> None:
+        """Count a batch's non-finite loss on the device: a batch that is not its step's last never waits for it."""
+        loss = loss.detach().float()
+        bad = ~torch.isfinite(loss)
+        seen = torch.stack([bad.float(), torch.where(bad, loss, 0.0)])
+        if self._nonfinite_losses is not None:
+            seen[0] += self._nonfinite_losses[0]
+            seen[1] = torch.where(bad, loss, self._nonfinite_losses[1])
+        self._nonfinite_losses = seen
+
+    def _step_is_finite(self) -> bool:
+        """At the step's last batch: True when every loss of the step was finite on every process, read with one
+        host sync per optimizer step. Otherwise the step is skipped while at most `train.skip_nonfinite` batches
+        were, else the run stops with a NonFiniteError naming the step and last checkpoint."""
+        seen, self._nonfinite_losses = self._nonfinite_losses, None
+        # every process skips the same step, or none does: the most non-finite batches any process saw (a gather,
+        # where an all-reduce sum would count a batch once per process)
+        counts = self.accelerator.gather(seen[:1]) if self.accelerator.num_processes > 1 else seen[:1]
+        bad = int(counts.max())
+        if not bad:
             return True
-        self.state.skipped_batches += 1
-        where = f"step {self.state.step + 1} (epoch {self.state.epoch + 1}, batch {self.state.batch_in_epoch + 1})"
+        self.state.skipped_batches += bad
+        last, accum = self.state.batch_in_epoch + 1, self.recipe.train.grad_accum_steps
+        batches = f"batch {last}" if accum == 1 else f"batches {max(1, last - accum + 1)}-{last}"
+        where = f"step {self.state.step + 1} (epoch {self.state.epoch + 1}, {batches})"
         allowed = self.recipe.train.skip_nonfinite
         if self.state.skipped_batches > allowed:
+            value = f"{float(seen[1]):g}" if seen[0] else "on another process"
             raise NonFiniteError(
-                f"non-finite loss ({float(loss.detach()):g}) at {where}: training stopped, "
+                f"non-finite loss ({value}) at {where}: training stopped, "
                 f"{self._last_good_checkpoint()}; lower optim.lr, check the data, or set train.skip_nonfinite "
                 f"to skip up to that many such batches (now {allowed})"
             )
         _logger.warning(
-            "non-finite loss at %s: batch skipped (%d of train.skip_nonfinite=%d)",
+            "non-finite loss at %s: step skipped (%d batches of train.skip_nonfinite=%d)",
             where,
             self.state.skipped_batches,
             allowed,
