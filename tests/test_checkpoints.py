@@ -244,6 +244,26 @@ def test_skip_nonfinite_skips_up_to_k_batches(tmp_path, monkeypatch):
         fit(recipe, tmp_path / "again")
 
 
+def test_grad_accumulation_checks_the_loss_once_per_step_and_skips_a_bad_step(tmp_path, monkeypatch):
+    # 6 batches an epoch, 2 per step: a NaN in batch 3 spoils step 2's gradients, read once that step is in
+    checks = []
+    original = Trainer._step_is_finite
+
+    def counted(self):
+        checks.append(self.state.batch_in_epoch + 1)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "_step_is_finite", counted)
+    _nan_on_calls(monkeypatch, {3})
+    trainer = fit(write_recipe(tmp_path, grad_accum_steps=2, skip_nonfinite=1), tmp_path / "run")
+    assert checks == [2, 4, 6, 2, 4, 6]
+    assert trainer.state.skipped_batches == 1 and trainer.state.step == 6
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    _nan_on_calls(monkeypatch, {3})
+    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 2 \(epoch 1, batches 3-4\)"):
+        fit(write_recipe(tmp_path, grad_accum_steps=2), tmp_path / "again")
+
+
 def test_weights_that_turned_non_finite_never_replace_a_checkpoint(tmp_path, monkeypatch):
     recipe = write_recipe(tmp_path)
     original = zoo.engine.on_optimizer_step
