@@ -5,9 +5,11 @@ and targets, padded); the model kind (`zoo.model_kinds`) builds the model and sa
 (`zoo.tasks`) which key holds the targets, the loss, the metrics and the validation score that picks the best
 checkpoint. The attention's `auxiliary_loss` is added to the task's loss.
 
-A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation),
-`checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state) and
-`train_summary.json`. A checkpoint is written to a temporary directory and renamed into place, so a crash never
+A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation, its
+`epoch` numbered as the progress bar numbers it: an evaluation after part of an epoch counts that epoch),
+`checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state),
+`train_summary.json`, and with `train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with`
+tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A checkpoint is written to a temporary directory and renamed into place, so a crash never
 leaves a partial checkpoint where a good one was.
 """
 
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import set_seed
+from accelerate.tracking import get_available_trackers
+from accelerate.utils import LoggerType, set_seed
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler, StepLRScheduler
 from torch import Tensor, nn
@@ -223,6 +226,35 @@ def _rate(samples_per_s: float) -> str:
     return f"{samples_per_s:.0f}" if samples_per_s >= 1000 else f"{samples_per_s:.3g}"
 
 
+def _tracker(name: str | None) -> str | None:
+    """`train.log_with` once its package is installed: accelerate would leave an uninstalled tracker out with
+    only a debug message."""
+    if name is not None and LoggerType(name) not in get_available_trackers():
+        raise ValueError(
+            f"train.log_with {name!r}: the {name} package is not installed; pip install {name}, or leave "
+            "train.log_with out"
+        )
+    return name
+
+
+def _flat_config(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as flat dotted keys (`model.attention.name`) with values every tracker takes (bool, int,
+    float, str; lists and null as JSON text): the run's hyperparameters."""
+    flat: dict[str, Any] = {}
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, Mapping) and value:
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[path] = value
+        else:
+            flat[path] = json.dumps(value)
+
+    walk(asdict(recipe), "")
+    return flat
+
+
 class Trainer:
     """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
 
@@ -238,6 +270,8 @@ class Trainer:
             mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
             gradient_accumulation_steps=cfg.grad_accum_steps,
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
+            log_with=_tracker(cfg.log_with),
+            project_dir=str(self.run_dir / "logs") if cfg.log_with else None,
         )
         set_seed(recipe.seed)
         self.kind = get_model_kind(recipe.model.kind)
@@ -341,6 +375,10 @@ class Trainer:
         if self.is_main:
             with open(self.run_dir / "metrics.jsonl", "a") as handle:
                 handle.write(json.dumps(record) + "\n")
+        # the tracker's (train.log_with): the epoch, the epoch's mean loss and every validation number
+        tracked = {"epoch": record["epoch"], "train/epoch_loss": record["train_loss"]}
+        tracked.update({f"val/{k[4:]}": v for k, v in record.items() if k.startswith("val_")})
+        self.accelerator.log(tracked, step=record["step"])
         self.accelerator.print(
             "eval " + " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, (int, float)))
         )
@@ -350,6 +388,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_recipe(self.recipe, self.run_dir / "recipe.yaml")
             write_description(self.run_dir, self.description)
+        if self.recipe.train.log_with:
+            self.accelerator.init_trackers(self.recipe.name, config=_flat_config(self.recipe))
         if self.resume:
             self._restore()
         elif self.state.pretrained:
@@ -397,8 +437,9 @@ class Trainer:
             self._sync_replicas()
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
-                rate = samples / (time.perf_counter() - start)
-                bar.set_postfix(loss=f"{loss.item():.4f}", lr=f"{self._lr():.2e}", samples_s=_rate(rate), refresh=False)
+                rate, value, lr = samples / (time.perf_counter() - start), loss.item(), self._lr()
+                bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", samples_s=_rate(rate), refresh=False)
+                acc.log({"train/loss": value, "train/lr": lr, "train/samples_per_s": rate}, step=self.state.step)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -411,7 +452,8 @@ class Trainer:
         return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
 
     def _train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
-        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in."""
+        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in, unless one of their losses
+        was not finite (`_step_is_finite`: read on the host once per step, where gradients synchronise)."""
         acc, cfg = self.accelerator, self.recipe.train
         targets, mask = self.task.targets(batch)
         with acc.accumulate(self.model):
@@ -504,7 +546,8 @@ class Trainer:
             num_classes=self.num_classes,
         )
         record = {
-            "epoch": self.state.epoch,
+            # the epoch as the progress bar numbers it: one that train.max_steps stopped part-way counts
+            "epoch": self.state.epoch + int(self.state.batch_in_epoch > 0),
             "step": self.state.step,
             "train_loss": train_loss,
             "lr": self._lr(),
@@ -551,6 +594,9 @@ class Trainer:
                 "last_eval": last_eval,
             }
             (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        # not accelerator.end_training(): that also ends the process group, which the caller may still use
+        for tracker in self.accelerator.trackers:
+            tracker.finish()
         self.accelerator.wait_for_everyone()
         _raise_if_diverged(checksums, differ, self.state.step)
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from accelerate.utils import LoggerType
+
 from ..attention import attention_options, get_attention, list_attentions
 from ..data import get_dataset, list_datasets
 from ..metrics import METRICS
@@ -33,6 +35,10 @@ __all__ = [
     "SequenceConfig",
     "TrainConfig",
 ]
+
+
+# accelerate's trackers by name (`all` left out: a recipe names the one it logs to)
+TRACKERS = tuple(str(tracker) for tracker in LoggerType if tracker != LoggerType.ALL)
 
 
 @dataclass
@@ -300,6 +306,11 @@ class TrainConfig:
     # ddp: every process holds the whole model; fsdp: parameters, gradients and optimizer state sharded over the
     # processes, one FSDP2 unit per block (zoo.distributed); activation checkpointing is model.grad_checkpointing
     distributed: Literal["ddp", "fsdp"] = "ddp"
+    # accelerate's experiment tracker that also receives the training loss, learning rate and samples/s (every
+    # log_every_steps) and every evaluation (epoch, validation loss and metrics), beside metrics.jsonl: tensorboard
+    # (offline, into <run>/logs/<recipe name>), wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio;
+    # its package must be installed. null: none.
+    log_with: str | None = field(default=None, metadata={"choices": lambda: TRACKERS})
 
 
 @dataclass
