@@ -107,7 +107,7 @@ class ForecastWindows(Dataset):
         before = np.concatenate([[0], np.cumsum(missing)])
         ends = starts + self.lookback
         kept = starts[before[ends + self.horizon] == before[ends]]
-        _logger.info(
+        _logger.warning(
             "%s split: %d of %d windows left out for a missing target value", self.split, count - len(kept), count
         )
         if not len(kept):

@@ -1,0 +1,82 @@
+"""Builders of users' files for the odd-input tests: a small valid set of each kind (image folder, FASTA tree, CSV
+splits, forecast CSV), made in a test's tmp_path, that a case then spoils in one way."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+IMG_SIZE = 16
+
+
+def image_tree(root: Path, *, per_class: int = 4, classes: tuple[str, ...] = ("cat", "dog")) -> Path:
+    """`root/<split>/<class>/<k>.png`: `per_class` 8-bit RGB images of 12 x 10 pixels per class and split."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val", "test"):
+        for name in classes:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for k in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(folder / f"{k}.png")
+    return root
+
+
+def write_fasta(path: Path, records: dict[str, str], *, compress: bool = False) -> Path:
+    """A FASTA file of `records` (header -> sequence), gzipped when `compress`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f">{name}\n{sequence}\n" for name, sequence in records.items()).encode()
+    path.write_bytes(gzip.compress(text) if compress else text)
+    return path
+
+
+def fasta_tree(root: Path) -> Path:
+    """`root/<split>/{at_rich,gc_rich}.fa`, three records of 40 nucleotides each."""
+    rng = np.random.default_rng(1)
+    for split in ("train", "val", "test"):
+        for name, letters in (("at_rich", "AAAT"), ("gc_rich", "GGCC")):
+            records = {f"{name}{i}": "".join(rng.choice(list(letters), 40)) for i in range(3)}
+            write_fasta(root / split / f"{name}.fa", records)
+    return root
+
+
+def write_csv(path: Path, header: list[str], rows: list[list]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def series_rows(count: int = 8, length: int = 24, seed: int = 2) -> list[list]:
+    """Labelled rows `label, t0, t1, ...`: `up` series rise, `flat` ones do not."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 1, length)
+    return [
+        [label, *(rng.normal(size=length) + 3 * (label == "up") * ramp).round(3)]
+        for label in ("up", "flat") * (count // 2)
+    ]
+
+
+def csv_splits(root: Path, length: int = 24) -> Path:
+    """`root/{train,val,test}.csv`: series classification files, one series per row."""
+    for number, split in enumerate(("train", "val", "test")):
+        rows = series_rows(length=length, seed=number)
+        write_csv(root / f"{split}.csv", ["label", *(f"t{i}" for i in range(length))], rows)
+    return root
+
+
+def forecast_rows(steps: int = 200) -> list[list]:
+    """`time, demand, temperature` rows of a daily cycle of 24 steps."""
+    t = np.arange(steps)
+    demand = 50 + 10 * np.sin(t * 2 * np.pi / 24)
+    temperature = 20 + 5 * np.cos(t * 2 * np.pi / 24)
+    return [[f"t{i}", round(d, 4), round(c, 4)] for i, d, c in zip(t, demand, temperature)]
+
+
+def forecast_file(path: Path, steps: int = 200) -> Path:
+    return write_csv(path, ["time", "demand", "temperature"], forecast_rows(steps))
