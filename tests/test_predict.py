@@ -22,7 +22,7 @@ from zoo.data.megamnist import MegaMNIST
 from zoo.data.nucleotides import DNATokenizer, encode_nucleotides
 from zoo.data.timeseries import CsvSeriesDataset
 from zoo.engine import Trainer
-from zoo.predict import predict, write_predictions
+from zoo.predict import image_loader, predict, write_predictions
 from zoo.recipe import load_recipe, recipe_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,3 +238,56 @@ def test_a_forecast_continues_the_last_look_back_in_the_targets_units(tmp_path):
     short = write_csv(tmp_path / "short.csv", ["time", "demand", "temperature"], [["t0", 1, 2]] * 10)
     with pytest.raises(ValueError, match="nothing to predict.*10 time steps, the model looks back 48"):
         predict(model, [short])
+
+
+def test_image_loader_is_predicts_reader_and_agrees_with_timm_on_8_bit_rgb(tmp_path):
+    """`image_loader(model)` equals timm's route (resolve_data_config + create_transform on PIL's RGB) on an 8-bit RGB
+    file; on a 16-bit file and a transparent one timm's route clips and drops alpha (README), zoo's does not."""
+    from timm.data import create_transform, resolve_data_config
+
+    model = zoo.create_model(
+        "vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    ).eval()
+    load, timm_transform = image_loader(model), create_transform(**resolve_data_config(model=model))
+    rng = np.random.default_rng(4)
+    paths = {name: tmp_path / f"{name}.png" for name in ("rgb", "sixteen", "alpha")}
+    Image.fromarray(rng.integers(0, 256, (37, 45, 3), dtype=np.uint8)).save(paths["rgb"])
+    Image.fromarray((np.arange(37 * 45).reshape(37, 45) * 2).astype(np.uint16)).save(paths["sixteen"])
+    Image.new("RGBA", (45, 37), (255, 255, 255, 0)).save(paths["alpha"])
+
+    def timm_route(path: Path) -> torch.Tensor:
+        return timm_transform(Image.open(path).convert("RGB"))
+
+    torch.testing.assert_close(load(paths["rgb"]), timm_route(paths["rgb"]), rtol=0, atol=0)
+    for name in ("sixteen", "alpha"):
+        assert (load(paths[name]) - timm_route(paths[name])).abs().max() > 1
+    # predict reads through the same call
+    rows = predict(model, [paths["rgb"], paths["alpha"]], top_k=3).rows
+    for row, path in zip(rows, (paths["rgb"], paths["alpha"])):
+        with torch.no_grad():
+            expected = probabilities(model(load(path)[None])[0])
+        np.testing.assert_allclose(row["probabilities"], expected, atol=1e-6)
+
+
+def test_predict_reads_a_csv_file_whole_or_skips_it_whole(tmp_path):
+    rng = np.random.default_rng(5)
+    for split in ("train", "val", "test"):
+        rows = [[label, *rng.normal(size=24).round(3)] for label in ("a", "b") * 4]
+        write_csv(tmp_path / f"{split}.csv", ["label", *map(str, range(24))], rows)
+    model = train(sequence_recipe("series", {"name": "csv", "root": str(tmp_path)}, "classification", "series"),
+                  tmp_path / "run")  # fmt: skip
+    rows = [["?", *range(24)] for _ in range(40)]
+    rows[5][3] = "#REF!"
+    query = write_csv(tmp_path / "query.csv", ["label", *map(str, range(24))], rows)
+    with pytest.raises(ValueError, match=r"nothing to predict.*query\.csv' line 7, column 4 \('2'\): cannot read"):
+        predict(model, [query])
+    rows[5][3] = ""
+    write_csv(query, ["label", *map(str, range(24))], rows)
+    with pytest.raises(ValueError, match=r"line 7, column 4 .*rerun with --set data\.options\.nan=mask"):
+        predict(model, [query])
+    result = predict(model, [query], options={"nan": "interpolate"})
+    assert [row["item"] for row in result.rows] == list(range(1, 41)) and not result.skipped
+    with pytest.raises(ValueError, match=r"data\.options\.nan must be one of error, mask, interpolate, got 'drop'"):
+        predict(model, [query], options={"nan": "drop"})
+    with pytest.raises(ValueError, match=r"data\.options\.window: predict reads series inputs as the run was trained"):
+        predict(model, [query], options={"window": 3})
