@@ -80,3 +80,27 @@ def forecast_rows(steps: int = 200) -> list[list]:
 
 def forecast_file(path: Path, steps: int = 200) -> Path:
     return write_csv(path, ["time", "demand", "temperature"], forecast_rows(steps))
+
+
+def genomic_benchmarks_tree(root: Path) -> Path:
+    """`root/<split>/<class>/<k>.txt`, one sequence per file, two classes of three files per split."""
+    rng = np.random.default_rng(3)
+    for split in ("train", "test"):
+        for name, letters in (("at_rich", "AAAT"), ("gc_rich", "GGCC")):
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for k in range(3):
+                (root / split / name / f"{k}.txt").write_text("".join(rng.choice(list(letters), 30)) + "\n")
+    return root
+
+
+def ts_splits(root: Path, count: int = 6) -> Path:
+    """`root/{train,val,test}.ts`: UCR-format series classification files of `count` cases of 20 steps."""
+    rng = np.random.default_rng(4)
+    root.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val", "test"):
+        lines = ["@problemName odd", "@timeStamps false", "@univariate true", "@classLabel true up flat", "@data"]
+        for label in ("up", "flat") * (count // 2):
+            values = rng.normal(size=20) + 3 * (label == "up") * np.linspace(0, 1, 20)
+            lines.append(",".join(f"{v:.3f}" for v in values) + f":{label}")
+        (root / f"{split}.ts").write_text("\n".join(lines) + "\n")
+    return root

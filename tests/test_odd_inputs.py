@@ -29,7 +29,9 @@ from odd_inputs import (
     fasta_tree,
     forecast_file,
     forecast_rows,
+    genomic_benchmarks_tree,
     image_tree,
+    ts_splits,
     write_csv,
     write_fasta,
 )
@@ -194,6 +196,15 @@ def _rgba(tmp: Path, runs: Runs) -> None:
     assert np.asarray(open_image(root / "train" / "cat" / "0.png")).max() == 0
 
 
+def _user_set(name: str, root: Path, split: str = "train", num_samples: int | None = None, **options) -> Any:
+    return build_dataset(name, DataContext(split, split == "train", root=str(root), num_samples=num_samples), **options)
+
+
+def _spoilt(root: Path, spoil: Callable[[Path], None]) -> Path:
+    spoil(root)
+    return root
+
+
 def _fasta_with(tmp: Path, spoil: Callable[[Path], None], **options) -> Any:
     root = fasta_tree(tmp / "dna")
     spoil(root)
@@ -356,6 +367,12 @@ CASES = [
         root / "train" / "at_rich.fa", {"rna": "acgu-uu..aaNN" * 3})), "reads"),
     Case("fasta-train-samples", "FASTA", lambda t, r: fasta(fasta_tree(t / "dna"), num_samples=5), "warns",
          r"data\.train_samples=5: 5 of the 18 windows"),
+    Case("genomic-benchmarks-empty-file", "FASTA", lambda t, r: _user_set("genomic_benchmarks", _spoilt(
+        genomic_benchmarks_tree(t / "gb"), lambda root: (root / "train" / "at_rich" / "9.txt").write_text(""))),
+         "warns", r"left out 1 empty sequence file\(s\), e.g. at_rich/9\.txt"),
+    Case("genomic-benchmarks-train-samples", "FASTA", lambda t, r: _user_set(
+        "genomic_benchmarks", genomic_benchmarks_tree(t / "gb"), num_samples=4), "warns",
+         r"data\.train_samples=4: 4 of the 6 sequences"),
     # CSV series
     Case("csv-bad-cell", "CSV", lambda t, r: _csv_with(t, [_row("up"), _row("flat", 1, "#REF!")]), "error",
          r"train\.csv' line 3, column 3 \('t1'\): cannot read '#REF!'"),
@@ -378,6 +395,8 @@ CASES = [
          r"names the column\(s\) 't0' twice"),
     Case("csv-train-samples", "CSV", lambda t, r: _csv_with(t, num_samples=3), "warns",
          r"data\.train_samples=3: 3 of the 8 series"),
+    Case("ts-train-samples", "CSV", lambda t, r: _user_set("ts", ts_splits(t / "ts"), num_samples=2), "warns",
+         r"data\.train_samples=2: 2 of the 6 series of .*train\.ts"),
     # forecast CSV
     Case("forecast-text-target", "forecast CSV", lambda t, r: _forecast_with(t, lambda rows: _cell(rows, 7, 1, "n/a?")),
          "error", r"series\.csv' line 9, column 2 \('demand'\): cannot read 'n/a\?'"),

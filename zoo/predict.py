@@ -109,7 +109,8 @@ def predict(
     if kind not in _READERS:
         raise ValueError(f"predict does not read {kind!r} inputs (the run's data); it reads {', '.join(_READERS)}")
     if options:
-        description = {**description, "inputs": {**description.get("inputs", {}), **_read_options(options, kind)}}
+        read = _read_options(options, kind, task)
+        description = {**description, "inputs": {**description.get("inputs", {}), **read}}
     result = Predictions(task)
     items = _READERS[kind](model, description, [Path(p) for p in inputs], result)
     outputs = _TASKS[task]
@@ -128,11 +129,13 @@ def predict(
     return result
 
 
-def _read_options(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    """`options` checked against what reads `kind` inputs: a ValueError naming a key or value that does not apply."""
+def _read_options(options: Mapping[str, Any], kind: str, task: str) -> dict[str, Any]:
+    """`options` checked against what reads `kind` inputs for `task`: a ValueError naming a key or value that does
+    not apply."""
     from .data._tables import NAN_POLICIES
 
-    allowed = READ_OPTIONS.get(kind, ())
+    # a forecast's CSV file has no label column
+    allowed = tuple(name for name in READ_OPTIONS.get(kind, ()) if not (task == "forecast" and name == "label_column"))
     for key, value in options.items():
         if key not in allowed:
             takes = f"takes only {', '.join(f'data.options.{name}' for name in allowed)}" if allowed else "takes none"

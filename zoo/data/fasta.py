@@ -142,7 +142,7 @@ class GenomicBenchmarksDataset(DNASamples):
 
     Classes are indexed from ``root/train`` (sorted names); items are ordered by class, then file name.
     ``max_length`` truncates longer sequences (None keeps them whole); ``subset`` as for ``FastaDataset``; entries
-    that are not ``*.txt`` files are counted in a warning. Nothing is downloaded.
+    that are not ``*.txt`` files and empty sequence files are counted in a warning. Nothing is downloaded.
     """
 
     def __init__(
@@ -164,7 +164,7 @@ class GenomicBenchmarksDataset(DNASamples):
         self.max_length = None if max_length is None else check_int("max_length", max_length, 1)
         self._setup(tokenizer, rc_prob, seed)
         self.sequences, self.labels = [], []
-        others = [p.name for p in folder.iterdir() if not p.is_dir() or p.name.startswith(".")]
+        others, empty = [p.name for p in folder.iterdir() if not p.is_dir() or p.name.startswith(".")], []
         for class_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if class_dir.name not in self.classes:
                 raise ValueError(f"class folder {str(class_dir)!r} is not a class of {str(index_dir)!r}")
@@ -172,6 +172,9 @@ class GenomicBenchmarksDataset(DNASamples):
             others += [f"{class_dir.name}/{p.name}" for p in files if not (p.suffix == ".txt" and p.is_file())]
             for path in (p for p in files if p.suffix == ".txt" and p.is_file()):
                 codes = check_nucleotides(read_sequence_file(path), repr(str(path)))
+                if not len(codes):
+                    empty.append(f"{class_dir.name}/{path.name}")
+                    continue
                 self.sequences.append(codes[: self.max_length])
                 self.labels.append(self.classes.index(class_dir.name))
         if not self.sequences:
@@ -179,6 +182,8 @@ class GenomicBenchmarksDataset(DNASamples):
         if others:
             shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
             _logger.warning("%s: left out %d entries that are not *.txt sequences (%s)", folder, len(others), shown)
+        if empty:
+            _logger.warning("%s: left out %d empty sequence file(s), e.g. %s", folder, len(empty), empty[0])
         kept = subset(len(self.sequences), f"sequences of {str(folder)!r}") if subset is not None else None
         if kept is not None:
             self.sequences, self.labels = [self.sequences[i] for i in kept], [self.labels[i] for i in kept]
