@@ -1,0 +1,393 @@
+"""The recall grid: every attention variant on MQAR over sequence lengths x model widths x seeds x learning rates.
+
+Zoology's protocol (Arora et al. 2023, https://arxiv.org/abs/2312.04927, Figure 2) at CPU size: at length L the
+task has vocabulary `max(2 L, 128)` and `L / 8` key-value pairs (L = 64: 128 / 8, L = 128: 256 / 16, the issue's
+two cells), a model of width d trains for the recipe's steps at each learning rate, and a cell (variant, L, d)
+reports the learning rate whose validation accuracy, averaged over the seeds, is best, with that rate's test
+accuracy (mean and spread over the seeds). The recipe (`recipes/recall_mqar_quick.yaml`) fixes the rest.
+
+Each run is the leaderboard's: `tools/train.py` then `tools/eval.py` in fresh processes (`leaderboard.train_and_test`,
+so failures get their record with the reason), with `--set` items for the cell. A variant attends causally where
+it has a causal mode (task `causal_token_classification`, as Zoology's and Based's language models) and
+bidirectionally otherwise (`token_classification`: bigbird, linformer, nystrom); the data are Zoology's sample,
+whose answers are never inputs, so both are fair. The results are saved after every run; a sweep started again
+with the same protocol skips the runs it holds.
+
+A variant is a registered name with options, `local:window=16` (its label is `local(window=16)`); a variant with a
+`max_seq_len` option gets the cell's length there. `state_size` gives the floats each variant keeps per layer (the
+Based paper's x-axis, https://arxiv.org/abs/2402.18668 Figure 3), by the formulas of `STATE_FORMULAS`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from zoo._validate import check_int
+from zoo.attention import attention_options, get_attention
+from zoo.recipe import load_recipe, recipe_to_dict
+
+from .leaderboard import protocol, train_and_test
+from .machine import default_device, versions
+
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "STATE_FORMULAS",
+    "Variant",
+    "cell_data",
+    "parse_variant",
+    "run_recall",
+    "state_size",
+    "summarize_cells",
+]
+
+# Zoology's Figure 2 lengths, and widths a CPU trains
+DEFAULT_LENGTHS = (64, 128, 256, 512)
+DEFAULT_WIDTHS = (64, 128)
+DEFAULT_LRS = (1e-3, 3e-3)
+# every 1-D variant, with windows and blocks well below the lengths (their defaults of 256+ would be exact softmax
+# attention at these lengths) and the sliding window at several sizes (Based Figure 2)
+DEFAULT_VARIANTS = (
+    "softmax",
+    "linear",
+    "performer",
+    "hedgehog",
+    "local:window=8",
+    "local:window=16",
+    "local:window=32",
+    "local:window=64",
+    "softmax1",
+    "dilated:window=16",
+    "longformer:window=16",
+    "sparse:block=16",
+    "bigbird:block_size=16",
+    "reformer:bucket_size=16",
+    "gau:group_size=16",
+    "vq:block_len=16",
+    "banded_conv:radius=16",
+    "linformer:k=32",
+    "nystrom:num_landmarks=16",
+    "synthesizer",
+)
+
+
+class Variant:
+    """An attention name with options: `local:window=16,backend=auto` -> name `local`, options, label."""
+
+    def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+        get_attention(name)  # an unknown name is the registry's error
+        allowed = attention_options(name)
+        for key in options or {}:
+            if key not in allowed:
+                raise ValueError(f"attention {name!r} has no option {key!r}; its options: {', '.join(allowed)}")
+        self.name, self.options = name, dict(options or {})
+
+    @property
+    def label(self) -> str:
+        inner = ",".join(f"{key}={value}" for key, value in self.options.items())
+        return f"{self.name}({inner})" if inner else self.name
+
+    @property
+    def causal(self) -> bool:
+        return bool(get_attention(self.name).supports_causal)
+
+    def options_at(self, length: int) -> dict[str, Any]:
+        """The options a run at `length` uses: `max_seq_len` set to the length where the variant has one."""
+        options = dict(self.options)
+        if "max_seq_len" in attention_options(self.name):
+            options.setdefault("max_seq_len", length)
+        return options
+
+
+def parse_variant(text: str) -> Variant:
+    """`name` or `name:key=value,key=value` (values read as YAML) -> a `Variant`."""
+    name, _, rest = text.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"variant {text!r}: option {item!r} is not KEY=VALUE")
+        options[key.strip()] = yaml.safe_load(value)
+    return Variant(name.strip(), options)
+
+
+def cell_data(length: int) -> dict[str, int]:
+    """MQAR's options at `length`: vocabulary `max(2 L, 128)` (Zoology needs it above L), `L / 8` pairs."""
+    check_int("length", length, 16)
+    return {"seq_len": length, "vocab_size": max(2 * length, 128), "num_kv_pairs": length // 8}
+
+
+# The floats of state one layer keeps to answer a query (Based's recall-vs-state x-axis), per family, with d the
+# width, h the heads, e = d / h the head width and N the length. For causal variants this is the recurrent (decoding)
+# state; for the encoder-only ones the keys and values every query reads.
+STATE_FORMULAS = {
+    "softmax": "2 N d (every key and value)",
+    "softmax1": "2 N d (every key and value)",
+    "synthesizer": "N d values + N^2 h weights (dense)",
+    "reformer": "2 N d (every key and value, hashed into buckets)",
+    "sparse": "2 N d (strided: every key and value may be read)",
+    "bigbird": "2 N d (every key and value: random blocks)",
+    "local": "2 (w + 1) d (the window's keys and values)",
+    "dilated": "2 (w + 1) d (keys and values of the dilated window)",
+    "longformer": "2 (w + 1 + g) d (window and g global tokens)",
+    "banded_conv": "2 (r + 1) d (the band's keys and values)",
+    "gau": "2 g d (a group's keys and values) + e d (the linear part's sum)",
+    "vq": "2 (c + b) d (codebook c per head row and the last block b)",
+    "linear": "h e (e + 1) = d (e + 1) (elu+1 feature map: e x e sum and normaliser)",
+    "performer": "h m (e + 1) (m random features)",
+    "hedgehog": "h f (e + 1) (f learned features) + 2 w d if windowed",
+    "linformer": "2 k d (k projected keys and values)",
+    "nystrom": "2 m d (m landmarks' keys and values)",
+}
+
+
+def state_size(variant: Variant, length: int, width: int, heads: int) -> int | None:
+    """Floats of state per layer by `STATE_FORMULAS` (None for a family without one)."""
+    options = {**_defaults(variant.name), **variant.options_at(length)}
+    d, h, n = width, heads, length
+    e = d // h
+    name = variant.name
+    if name in ("softmax", "softmax1", "reformer", "sparse", "bigbird"):
+        return 2 * n * d
+    if name == "synthesizer":
+        return n * d + n * n * h
+    if name in ("local", "dilated", "longformer"):
+        window = min(options["window"], n)
+        extra = len(options.get("global_indices", ())) if name == "longformer" else 0
+        return 2 * (window + 1 + extra) * d
+    if name == "banded_conv":
+        return 2 * (min(options["radius"], n) + 1) * d
+    if name == "gau":
+        return 2 * min(options["group_size"], n) * d + e * d
+    if name == "vq":
+        return 2 * (options["codebook_size"] + min(options["block_len"], n)) * d
+    if name == "linear":
+        return h * e * (e + 1)
+    if name == "performer":
+        return h * options["nb_features"] * (e + 1)
+    if name == "hedgehog":
+        return h * options["feature_dim"] * (e + 1) + 2 * options["window"] * d
+    if name == "linformer":
+        return 2 * min(options["k"], n) * d
+    if name == "nystrom":
+        return 2 * min(options["num_landmarks"], n) * d
+    return None
+
+
+def _defaults(name: str) -> dict[str, Any]:
+    return dict(attention_options(name))
+
+
+def run_key(record: dict[str, Any]) -> tuple:
+    return record["label"], record["length"], record["width"], record["seed"], record["lr"]
+
+
+def _sets(variant: Variant, length: int, width: int, lr: float) -> tuple[str, ...]:
+    """The `--set` items of one run beyond the leaderboard's (variant, steps, seed)."""
+    data = cell_data(length)
+    task = "causal_token_classification" if variant.causal else "token_classification"
+    items = [f"data.options.{key}={value}" for key, value in data.items()]
+    items += [f"model.embed_dim={width}", f"optim.lr={lr}", f"task={task}"]
+    return tuple(items)
+
+
+def _val_accuracy(run_dir: Path) -> float | None:
+    """The last validation accuracy of a run (`metrics.jsonl`), None when it logged none."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    values = [json.loads(line).get("val_top1") for line in path.read_text().splitlines() if line.strip()]
+    values = [v for v in values if v is not None]
+    return values[-1] if values else None
+
+
+def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The records saved at `path`, whose protocol must match this sweep's on `_RESUME_KEYS`."""
+    if not path.is_file():
+        return []
+    saved = json.loads(path.read_text())
+    for key in _RESUME_KEYS:
+        if saved["protocol"].get(key) != proto[key]:
+            raise ValueError(
+                f"{path} holds a sweep with {key}={saved['protocol'].get(key)!r}, this one has {proto[key]!r}: "
+                "pass another --out, or the same settings to resume it"
+            )
+    log(f"resuming {path}: {len(saved['records'])} runs done")
+    return saved["records"]
+
+
+_RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention")
+
+
+def run_recall(
+    recipe_path: Path | str,
+    out_dir: Path | str,
+    *,
+    variants: Sequence[str] = DEFAULT_VARIANTS,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    widths: Sequence[int] = DEFAULT_WIDTHS,
+    seeds: Sequence[int] = (0, 1),
+    lrs: Sequence[float] = DEFAULT_LRS,
+    budget_steps: int | None = None,
+    runs_dir: Path | str | None = None,
+    timeout: float = 3600.0,
+    retry_failed: bool = False,
+    command: str | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Train and test every (variant, length, width, seed, lr) not yet in `out_dir/recall.json`, in that order
+    (variants outermost, so each variant's cells fill in turn); writes `recall.{json,md,png}` after every run.
+
+    A run that fails (error, out of memory, timeout) leaves the variant's other runs at that length and width, and
+    its longer lengths at that width, unrun (they would fail the same way): they are recorded as skipped with the
+    reason. The figure is redrawn at most once a minute while the sweep runs, and at its end.
+    """
+    from .recall_report import write_report
+
+    recipe_path = Path(recipe_path).resolve()
+    recipe = recipe_to_dict(load_recipe(recipe_path))
+    budget_steps = recipe["train"].get("max_steps") if budget_steps is None else budget_steps
+    check_int("budget_steps", budget_steps, 1)
+    parsed = [parse_variant(text) for text in variants]
+    for length in lengths:
+        cell_data(length)
+    proto = protocol(recipe_path, recipe, budget_steps, default_device())
+    proto.update(
+        grid="MQAR at vocabulary max(2 L, 128) and L / 8 pairs; causal attention where the variant has it",
+        cell_rule="the lr with the best mean validation accuracy over the seeds; its test accuracy, mean and std",
+        state_formulas=STATE_FORMULAS,
+    )
+    out_dir = Path(out_dir)
+    path = out_dir / "recall.json"
+    runs_dir = Path(runs_dir) if runs_dir else Path("runs") / "recall"
+    records = _earlier(path, proto, log)
+    if retry_failed:
+        records = [r for r in records if r["status"] == "ok"]
+    done = {run_key(r) for r in records}
+    results: dict[str, Any] = {"protocol": proto, "records": records}
+    proto.update(
+        command=command or " ".join(sys.argv),
+        versions=versions(),
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    _plan(proto, parsed, lengths, widths, seeds, lrs)
+    drawn = None
+    for variant in parsed:
+        for width in widths:
+            for length in lengths:
+                for seed in seeds:
+                    for lr in lrs:
+                        key = (variant.label, length, width, seed, lr)
+                        if key in done:
+                            continue
+                        record = _one_run(recipe_path, recipe, variant, key, records, budget_steps, runs_dir, timeout)
+                        records.append(record)
+                        done.add(key)
+                        log(_describe(record))
+                        drawn = _save(results, out_dir, drawn)
+    write_report(results, out_dir)
+    return results
+
+
+def _save(results: dict[str, Any], out_dir: Path, drawn: float | None) -> float | None:
+    """Write the report after a run; the figure only when the last one is a minute old. Returns its time."""
+    from .recall_report import write_report
+
+    now = time.monotonic()
+    redraw = drawn is None or now - drawn > _REDRAW_S
+    write_report(results, out_dir, figure=redraw)
+    return now if redraw else drawn
+
+
+_REDRAW_S = 60.0
+
+
+def _plan(proto: dict[str, Any], variants: list[Variant], lengths, widths, seeds, lrs) -> None:
+    """The grid asked for, kept in the protocol (merged with what earlier runs of the sweep asked)."""
+    plan = proto.setdefault("plan", {})
+    plan["variants"] = list(dict.fromkeys([*plan.get("variants", []), *(v.label for v in variants)]))
+    for key, values in (("lengths", lengths), ("widths", widths), ("seeds", seeds), ("lrs", lrs)):
+        plan[key] = sorted({*plan.get(key, []), *values})
+    proto["variant_options"] = {v.label: {"name": v.name, "options": v.options, "causal": v.causal} for v in variants}
+
+
+def _one_run(recipe_path, recipe, variant: Variant, key: tuple, records, budget_steps, runs_dir, timeout) -> dict:
+    label, length, width, seed, lr = key
+    base = {"label": label, "variant": variant.name, "length": length, "width": width, "seed": seed, "lr": lr}
+    base["causal"] = variant.causal
+    base["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    failed = [
+        r
+        for r in records
+        if r["label"] == label and r["width"] == width and r["length"] <= length and r["status"] in _STOPS
+    ]
+    if failed:
+        first = failed[0]
+        reason = f"length {first['length']} seed {first['seed']} lr {first['lr']} failed ({first['status']})"
+        return {**base, "status": "skipped", "message": f"{reason}: {first.get('message', '')}"}
+    run_dir = Path(runs_dir) / f"{label}_L{length}_d{width}_s{seed}_lr{lr:g}"
+    options = variant.options_at(length)
+    extra = _sets(variant, length, width, lr)
+    record = train_and_test(
+        recipe_path, recipe, variant.name, seed, budget_steps, run_dir, options=options, timeout=timeout, extra=extra
+    )
+    record.update(base, val_top1=_val_accuracy(run_dir))
+    return record
+
+
+# failures that a longer sequence at the same width would repeat
+_STOPS = ("error", "oom", "timeout")
+
+
+def summarize_cells(records: list[dict[str, Any]]) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """(label, length, width) -> the cell: its chosen lr, test accuracy mean / std / per seed, the lrs tried, the
+    seeds, and the failures (status and message) when no run of it succeeded."""
+    cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for record in records:
+        cells.setdefault((record["label"], record["length"], record["width"]), []).append(record)
+    return {key: _cell(runs) for key, runs in cells.items()}
+
+
+def _cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r["status"] == "ok" and r.get("test", {}).get("top1") is not None]
+    cell: dict[str, Any] = {"lrs": sorted({r["lr"] for r in runs}), "runs": len(runs)}
+    if not ok:
+        first = runs[0]
+        return {**cell, "status": first["status"], "message": first.get("message", "")}
+    by_lr: dict[float, list[dict[str, Any]]] = {}
+    for r in ok:
+        by_lr.setdefault(r["lr"], []).append(r)
+
+    def validation(lr: float) -> float:
+        values = [r["val_top1"] if r.get("val_top1") is not None else r["test"]["top1"] for r in by_lr[lr]]
+        return statistics.fmean(values)
+
+    best = max(by_lr, key=lambda lr: (validation(lr), len(by_lr[lr])))
+    tests = [r["test"]["top1"] for r in sorted(by_lr[best], key=lambda r: r["seed"])]
+    walls = [r.get("train_wall_s") for r in by_lr[best] if r.get("train_wall_s")]
+    return {
+        **cell,
+        "status": "ok",
+        "lr": best,
+        "val_top1": round(validation(best), 4),
+        "top1": round(statistics.fmean(tests), 4),
+        "top1_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None,
+        "per_seed": tests,
+        "seeds": sorted(r["seed"] for r in by_lr[best]),
+        "train_wall_s": round(statistics.fmean(walls), 1) if walls else None,
+    }
+
+
+def _describe(record: dict[str, Any]) -> str:
+    where = f"{record['label']} L={record['length']} d={record['width']} seed {record['seed']} lr {record['lr']:g}"
+    if record["status"] != "ok":
+        return f"{where}: {record['status']}: {record.get('message', '')}"
+    return f"{where}: test top1 {record['test'].get('top1', float('nan')):.4f}; trained in {record['train_wall_s']} s"

@@ -1,0 +1,226 @@
+"""The recall grid's report: `recall.json` (every run), `recall.md` (a table per width, the issue's goals beside the
+measured numbers, the state formulas, the protocol) and `recall.png` (an accuracy heatmap per variant and accuracy
+against the state each variant keeps per layer). Cells of the plan that have no run yet read "not run".
+matplotlib is imported only to draw."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .recall import STATE_FORMULAS, parse_variant, state_size, summarize_cells
+
+__all__ = ["goals", "write_markdown", "write_report"]
+
+# the issue's goal cell (vocabulary 256, length 128, 16 pairs) at width 64, and the cell of its "beyond" goal
+GOAL_CELL = (128, 64)
+FAR_CELL = (512, 128)
+SUBQUADRATIC_EXCLUDED = ("softmax", "softmax1", "synthesizer", "reformer", "sparse", "bigbird")
+
+
+def _fmt(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "not run"
+    if cell["status"] != "ok":
+        return cell["status"]
+    spread = f" ± {cell['top1_std']:.3f}" if cell.get("top1_std") is not None else ""
+    return f"{cell['top1']:.3f}{spread}"
+
+
+def _plan(results: dict[str, Any]) -> dict[str, list]:
+    plan = results["protocol"].get("plan", {})
+    records = results["records"]
+    return {
+        "variants": plan.get("variants") or list(dict.fromkeys(r["label"] for r in records)),
+        "lengths": plan.get("lengths") or sorted({r["length"] for r in records}),
+        "widths": plan.get("widths") or sorted({r["width"] for r in records}),
+    }
+
+
+def goals(cells: dict[tuple[str, int, int], dict[str, Any]], variants: list[str]) -> list[str]:
+    """The issue's goals (item 4), each beside the measured number: reached, not reached, or not run."""
+    ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
+    lines = []
+    at_goal = {label: ok.get((label, *GOAL_CELL)) for label in variants}
+    shown = ", ".join(f"{label} {_fmt(cell)}" for label, cell in at_goal.items() if cell)
+    lines.append(
+        "- Separate at least as well as the issue's goal cell (vocabulary 256, length 128, 16 pairs, width 64: "
+        f"softmax 0.998, linear 0.885, performer 0.019): measured here {shown or 'not run'}."
+    )
+    softmax = [cell["top1"] for (label, _, _), cell in ok.items() if label == "softmax"]
+    planned = sum(1 for (label, _, _) in cells if label == "softmax")
+    verdict = "not run" if not softmax else ("reached" if min(softmax) >= 0.99 else "not reached")
+    lines.append(
+        f"- softmax >= 0.99 at every cell (Zoology Figure 2): {verdict}; lowest {min(softmax):.3f} over "
+        f"{len(softmax)} measured cells of {planned} tried."
+        if softmax
+        else "- softmax >= 0.99 at every cell (Zoology Figure 2): not run."
+    )
+    pairs = [
+        (key[1:], cell["top1"], ok[("linear", *key[1:])]["top1"])
+        for key, cell in ok.items()
+        if key[0] == "performer" and ("linear", *key[1:]) in ok
+    ]
+    if pairs:
+        shown = "; ".join(f"L={n} d={d}: performer {p:.3f} vs linear {q:.3f}" for (n, d), p, q in sorted(pairs))
+        verdict = "reached" if all(p < q - 0.3 for _, p, q in pairs) else "not reached everywhere"
+        lines.append(f"- performer far below elu+1 linear (Based Figure 3): {verdict}: {shown}.")
+    else:
+        lines.append("- performer far below elu+1 linear (Based Figure 3): not run (no cell with both).")
+    lines.append(_window_goal(ok))
+    far = [(label, cell) for (label, n, d), cell in ok.items() if (n, d) == FAR_CELL]
+    sub = [(label, cell) for label, cell in far if parse_variant(_spec(label)).name not in SUBQUADRATIC_EXCLUDED]
+    if sub:
+        label, best = max(sub, key=lambda item: item[1]["top1"])
+        verdict = "reached" if best["top1"] >= 0.9 else "not reached"
+        lines.append(f"- best sub-quadratic variant >= 0.9 at length 512, width 128: {verdict}: {label} {_fmt(best)}.")
+    else:
+        lines.append("- best sub-quadratic variant >= 0.9 at length 512, width 128: not run.")
+    lines.append(
+        "- recall-versus-throughput frontier with the variants on it named: not yet (this sweep records training "
+        "wall time on a shared CPU only, not a throughput measurement)."
+    )
+    return lines
+
+
+def _spec(label: str) -> str:
+    """`local(window=16)` -> `local:window=16`."""
+    name, _, inner = label.partition("(")
+    return f"{name}:{inner.rstrip(')')}" if inner else name
+
+
+def _window_goal(ok: dict[tuple[str, int, int], dict[str, Any]]) -> str:
+    rows = []
+    for n, d in sorted({(n, d) for (_, n, d) in ok}):
+        windows = []
+        for (label, ln, ld), cell in ok.items():
+            variant = parse_variant(_spec(label))
+            if (ln, ld) == (n, d) and variant.name == "local" and "window" in variant.options:
+                windows.append((variant.options["window"], cell["top1"]))
+        if len(windows) >= 2:
+            windows.sort()
+            rising = all(b >= a - 0.02 for (_, a), (_, b) in itertools.pairwise(windows))
+            shown = ", ".join(f"w={w}: {acc:.3f}" for w, acc in windows)
+            rows.append((rising, f"L={n} d={d}: {shown}"))
+    if not rows:
+        return "- sliding-window accuracy rising with its window (Based Figure 2): not run (fewer than 2 windows)."
+    verdict = "reached" if all(rising for rising, _ in rows) else "not reached everywhere"
+    return f"- sliding-window accuracy rising with its window (Based Figure 2): {verdict}: {'; '.join(t for _, t in rows)}."
+
+
+def write_markdown(results: dict[str, Any], path: Path) -> None:
+    proto, plan = results["protocol"], _plan(results)
+    cells = summarize_cells(results["records"])
+    written = (
+        f"Written by `{proto.get('command', 'tools/recall.py')}` on {proto.get('device_name')} "
+        f"({proto.get('cpu_count')} CPUs, {proto.get('threads')} torch thread(s)), {proto.get('date')}."
+    )
+    protocol = (
+        f"Protocol: recipe `{proto['recipe']}` ({proto['model']}), {proto['budget_steps']} steps of batch "
+        f"{proto['batch_size']}; {proto['grid']}. Per cell: {proto['cell_rule']}. Test accuracy over the query "
+        "positions, out of the whole vocabulary. A cell without runs reads `not run`; a failed one its status "
+        "(the message is in recall.json)."
+    )
+    lines = [
+        "# Recall: MQAR over lengths, widths, seeds and learning rates",
+        "",
+        written,
+        "",
+        protocol,
+        "",
+        "## Goals (issue 21, item 4) beside the measured numbers",
+        "",
+        *goals(cells, plan["variants"]),
+        "",
+    ]
+    for width in plan["widths"]:
+        lines += [f"## Width {width}: test accuracy (mean ± std over seeds, best learning rate by validation)", ""]
+        lines.append("| variant | causal | " + " | ".join(f"L={n}" for n in plan["lengths"]) + " | state at L=512 |")
+        lines.append("|---|---|" + "---|" * len(plan["lengths"]) + "---|")
+        for label in plan["variants"]:
+            variant = parse_variant(_spec(label))
+            row = [_fmt(cells.get((label, n, width))) for n in plan["lengths"]]
+            heads = proto["model"].get("num_heads") or 2
+            state = state_size(variant, 512, width, heads)
+            lines.append(
+                f"| {label} | {'yes' if variant.causal else 'no'} | " + " | ".join(row) + f" | {state or 'n/a'} |"
+            )
+        lines.append("")
+    lines += ["## Runs per cell (learning rate chosen, seeds, mean training wall time)", ""]
+    lines += ["| variant | L | d | lr | seeds | lrs tried | per seed | train s |", "|---|---|---|---|---|---|---|---|"]
+    for (label, n, d), cell in sorted(cells.items()):
+        if cell["status"] == "ok":
+            per_seed = ", ".join(f"{v:.3f}" for v in cell["per_seed"])
+            lines.append(
+                f"| {label} | {n} | {d} | {cell['lr']:g} | {cell['seeds']} | {cell['lrs']} | {per_seed} | "
+                f"{cell['train_wall_s']} |"
+            )
+        else:
+            lines.append(f"| {label} | {n} | {d} | - | - | {cell['lrs']} | {cell['status']} | - |")
+    lines += ["", "## State per layer (floats), by family", ""]
+    lines += ["d: width, h: heads, e = d / h, N: length; options as each variant's label, else its defaults.", ""]
+    lines += [f"- `{name}`: {formula}" for name, formula in STATE_FORMULAS.items()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan, proto = _plan(results), results["protocol"]
+    cells = summarize_cells(results["records"])
+    variants = plan["variants"]
+    cols = 4
+    rows = math.ceil(len(variants) / cols) + 1
+    fig = plt.figure(figsize=(4 * cols, 2.6 * rows))
+    lengths, widths = plan["lengths"], plan["widths"]
+    for index, label in enumerate(variants):
+        ax = fig.add_subplot(rows, cols, index + 1)
+        grid = [[cells.get((label, n, d), {}).get("top1", math.nan) for n in lengths] for d in widths]
+        ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        for i, d in enumerate(widths):
+            for j, n in enumerate(lengths):
+                cell = cells.get((label, n, d))
+                text = "not run" if cell is None else f"{cell['top1']:.2f}" if cell["status"] == "ok" else "fail"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
+        ax.set_title(label, fontsize=8)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(widths)), [str(d) for d in widths], fontsize=7)
+    ax = fig.add_subplot(rows, 1, rows)
+    heads = proto["model"].get("num_heads") or 2
+    for label in variants:
+        points = [
+            (state_size(parse_variant(_spec(label)), n, d, heads), cell["top1"])
+            for (lab, n, d), cell in cells.items()
+            if lab == label and cell["status"] == "ok"
+        ]
+        points = sorted(p for p in points if p[0])
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label, linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("state per layer (floats, STATE_FORMULAS)")
+    ax.set_ylabel("MQAR test accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    if ax.lines:
+        ax.legend(fontsize=6, ncol=4)
+    fig.suptitle("MQAR accuracy: heatmaps (width x length) per variant; accuracy vs state (Based Fig. 3)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(results: dict[str, Any], out_dir: Path | str, *, figure: bool = True) -> None:
+    """`recall.json` (written whole, then renamed into place), `recall.md`, and `recall.png` when `figure`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "recall.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    tmp.replace(out_dir / "recall.json")
+    write_markdown(results, out_dir / "recall.md")
+    if figure:
+        plot(results, out_dir / "recall.png")
