@@ -111,6 +111,18 @@ def _window_goal(ok: dict[tuple[str, int, int], dict[str, Any]]) -> str:
     return f"- sliding-window accuracy rising with its window (Based Figure 2): {verdict}: {'; '.join(t for _, t in rows)}."
 
 
+def _left_out(labels: list[str]) -> str:
+    """The registered variants with no label in the grid, with the reason when the registry gives one."""
+    from zoo.attention import get_attention, list_attentions
+
+    named = {parse_variant(_spec(label)).name for label in labels}
+    missing = [name for name in list_attentions() if name not in named]
+    if not missing:
+        return "Every registered variant is in the grid."
+    reasons = [f"`{n}`" + (" (2-D only: needs a patch grid)" if get_attention(n).needs_grid else "") for n in missing]
+    return f"Registered variants not in this grid: {', '.join(reasons)}."
+
+
 def write_markdown(results: dict[str, Any], path: Path) -> None:
     proto, plan = results["protocol"], _plan(results)
     cells = summarize_cells(results["records"])
@@ -149,6 +161,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
                 f"| {label} | {'yes' if variant.causal else 'no'} | " + " | ".join(row) + f" | {state or 'n/a'} |"
             )
         lines.append("")
+    lines += [_left_out(plan["variants"]), ""]
     lines += ["## Runs per cell (learning rate chosen, seeds, mean training wall time)", ""]
     lines += ["| variant | L | d | lr | seeds | lrs tried | per seed | train s |", "|---|---|---|---|---|---|---|---|"]
     for (label, n, d), cell in sorted(cells.items()):
