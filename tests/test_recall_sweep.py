@@ -71,6 +71,10 @@ def test_resumes_where_it_stopped(tmp_path, fake):
     assert len(fake.calls) == 2 * first and len(results["records"]) == 2 * first
     sweep(tmp_path)
     assert len(fake.calls) == 2 * first
+    # a later, smaller sweep keeps the plan of the earlier ones
+    results = sweep(tmp_path, variants=["performer"], lengths=[16], seeds=[0], lrs=[3e-3])
+    assert results["protocol"]["plan"]["variants"] == ["softmax", "linformer(k=8)", "performer"]
+    assert results["protocol"]["plan"]["lengths"] == [16, 32]
     with pytest.raises(ValueError, match="budget_steps=2.*this one has 3"):
         run_recall(RECIPE, tmp_path / "out", variants=["softmax"], lengths=[16], widths=[32], budget_steps=3)
 

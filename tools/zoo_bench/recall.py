@@ -210,7 +210,8 @@ def _val_accuracy(run_dir: Path) -> float | None:
 
 
 def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """The records saved at `path`, whose protocol must match this sweep's on `_RESUME_KEYS`."""
+    """The records saved at `path`, whose protocol must match this sweep's on `_RESUME_KEYS`; the grid it planned
+    is carried into `proto`, so the report still lists the cells no run reached."""
     if not path.is_file():
         return []
     saved = json.loads(path.read_text())
@@ -220,6 +221,8 @@ def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> l
                 f"{path} holds a sweep with {key}={saved['protocol'].get(key)!r}, this one has {proto[key]!r}: "
                 "pass another --out, or the same settings to resume it"
             )
+    proto["plan"] = saved["protocol"].get("plan", {})
+    proto["variant_options"] = saved["protocol"].get("variant_options", {})
     log(f"resuming {path}: {len(saved['records'])} runs done")
     return saved["records"]
 
@@ -316,7 +319,8 @@ def _plan(proto: dict[str, Any], variants: list[Variant], lengths, widths, seeds
     plan["variants"] = list(dict.fromkeys([*plan.get("variants", []), *(v.label for v in variants)]))
     for key, values in (("lengths", lengths), ("widths", widths), ("seeds", seeds), ("lrs", lrs)):
         plan[key] = sorted({*plan.get(key, []), *values})
-    proto["variant_options"] = {v.label: {"name": v.name, "options": v.options, "causal": v.causal} for v in variants}
+    known = proto.setdefault("variant_options", {})
+    known.update({v.label: {"name": v.name, "options": v.options, "causal": v.causal} for v in variants})
 
 
 def _one_run(recipe_path, recipe, variant: Variant, key: tuple, records, budget_steps, runs_dir, timeout) -> dict:
