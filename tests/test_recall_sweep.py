@@ -64,6 +64,16 @@ def test_every_run_of_the_grid_with_its_cell_settings(tmp_path, fake):
     assert cell_data(64) == {"seq_len": 64, "vocab_size": 128, "num_kv_pairs": 8}
 
 
+def test_parallel_runs_give_the_same_records(tmp_path, fake):
+    serial = sweep(tmp_path / "serial")
+    parallel = sweep(tmp_path / "parallel", jobs=3)
+
+    def runs(results):
+        return sorted((r["label"], r["length"], r["seed"], r["lr"], r["test"]["top1"]) for r in results["records"])
+
+    assert runs(parallel) == runs(serial) and len(runs(serial)) == 16
+
+
 def test_resumes_where_it_stopped(tmp_path, fake):
     sweep(tmp_path, seeds=[0])
     first = len(fake.calls)

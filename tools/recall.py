@@ -43,6 +43,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/recall)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default: %(default)s)")
     parser.add_argument("--retry-failed", action="store_true", help="run the saved sweep's failed runs again")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs at once (default: %(default)s; more only where cores are idle)"
+    )
     return parser.parse_args()
 
 
@@ -61,6 +64,7 @@ def main() -> None:
         runs_dir=args.runs_dir,
         timeout=args.timeout,
         retry_failed=args.retry_failed,
+        jobs=args.jobs,
         command=shlex.join(["tools/recall.py", *sys.argv[1:]]),
         log=print,
     )

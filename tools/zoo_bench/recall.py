@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -243,11 +245,13 @@ def run_recall(
     runs_dir: Path | str | None = None,
     timeout: float = 3600.0,
     retry_failed: bool = False,
+    jobs: int = 1,
     command: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Train and test every (variant, length, width, seed, lr) not yet in `out_dir/recall.json`, in that order
     (variants outermost, so each variant's cells fill in turn); writes `recall.{json,md,png}` after every run.
+    `jobs` runs go at once (1 on a shared CPU; more where cores are idle, as on a GPU machine).
 
     A run that fails (error, out of memory, timeout) leaves the variant's other runs at that length and width, and
     its longer lengths at that width, unrun (they would fail the same way): they are recorded as skipped with the
@@ -259,6 +263,7 @@ def run_recall(
     recipe = recipe_to_dict(load_recipe(recipe_path))
     budget_steps = recipe["train"].get("max_steps") if budget_steps is None else budget_steps
     check_int("budget_steps", budget_steps, 1)
+    check_int("jobs", jobs, 1)
     parsed = [parse_variant(text) for text in variants]
     for length in lengths:
         cell_data(length)
@@ -282,20 +287,34 @@ def run_recall(
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     _plan(proto, parsed, lengths, widths, seeds, lrs)
-    drawn = None
-    for variant in parsed:
-        for width in widths:
-            for length in lengths:
-                for seed in seeds:
-                    for lr in lrs:
-                        key = (variant.label, length, width, seed, lr)
-                        if key in done:
-                            continue
-                        record = _one_run(recipe_path, recipe, variant, key, records, budget_steps, runs_dir, timeout)
-                        records.append(record)
-                        done.add(key)
-                        log(_describe(record))
-                        drawn = _save(results, out_dir, drawn)
+    todo = [
+        (variant, (variant.label, length, width, seed, lr))
+        for variant in parsed
+        for width in widths
+        for length in lengths
+        for seed in seeds
+        for lr in lrs
+        if (variant.label, length, width, seed, lr) not in done
+    ]
+    lock, drawn = threading.Lock(), [None]
+
+    def one(item: tuple[Variant, tuple]) -> None:
+        variant, key = item
+        with lock:
+            earlier = list(records)
+        record = _one_run(recipe_path, recipe, variant, key, earlier, budget_steps, runs_dir, timeout)
+        with lock:
+            records.append(record)
+            log(_describe(record))
+            drawn[0] = _save(results, out_dir, drawn[0])
+
+    if jobs == 1:
+        for item in todo:
+            one(item)
+    else:
+        # runs are separate processes: threads only wait for them (a GPU machine's many cores, say)
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one, todo))
     write_report(results, out_dir)
     return results
 
