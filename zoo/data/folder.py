@@ -196,9 +196,7 @@ class ImageFolderDataset(Dataset):
         others = +others
         if others:
             kinds = ", ".join(f"{count} {kind}" for kind, count in others.most_common())
-            _logger.warning(
-                "%s: left out %d files or folders that are not images (%s)", split_dir, sum(others.values()), kinds
-            )
+            _logger.warning("%s: left out %d files that are not images (%s)", split_dir, sum(others.values()), kinds)
         if not samples:
             raise ValueError(f"no images found in the class folders of {split_dir!r}; expected {_LAYOUT}")
         empty = sorted(set(self.classes) - {self.classes[label] for _, label in samples})
