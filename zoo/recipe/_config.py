@@ -18,6 +18,7 @@ from accelerate.utils import LoggerType
 
 from ..attention import attention_options, get_attention, list_attentions
 from ..data import get_dataset, list_datasets
+from ..data._registry import DEFAULT_NUM_SAMPLES
 from ..metrics import METRICS
 from ..model_kinds import get_model_kind, list_model_kinds, model_kind_for
 from ..models.sequence import INPUTS, POSITIONS
@@ -220,10 +221,11 @@ class DataConfig:
     options: dict[str, Any] = field(
         default_factory=dict, metadata={"schema_of": ("name", lambda name: get_dataset(name).options)}
     )
-    # items per split of the datasets that generate or draw their items (DataContext.num_samples)
-    train_samples: int = bounded(10000, min=1)
-    val_samples: int = bounded(1000, min=1)
-    test_samples: int = bounded(1000, min=1)
+    # items per split (DataContext.num_samples): what a generated set makes; for a set of your files a subset drawn
+    # from data.seed and counted in a warning (left at these defaults: every item); forecasting sets refuse them
+    train_samples: int = bounded(DEFAULT_NUM_SAMPLES["train"], min=1)
+    val_samples: int = bounded(DEFAULT_NUM_SAMPLES["val"], min=1)
+    test_samples: int = bounded(DEFAULT_NUM_SAMPLES["test"], min=1)
     seed: int = 0
     batch_size: int = bounded(64, min=1)
     eval_batch_size: int | None = bounded(None, min=1)
