@@ -50,9 +50,11 @@ FLASH_KEY_TILE = 512
 
 def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int) -> bool:
     """Whether the flash-parts path applies: CPU, float32 / float64, no key padding mask, no dropout, and
-    blocks of `block` >= `FLASH_MIN_BLOCK` positions."""
+    blocks of `block` >= `FLASH_MIN_BLOCK` positions, in eager mode (under `torch.compile` the masked path, which
+    every device runs and which traces into one graph; the parts' Python loops over strided views do not)."""
     return (
         q.device.type == "cpu"
+        and not torch.compiler.is_compiling()
         and q.dtype in (torch.float32, torch.float64)
         and mask is None
         and dropout_p == 0

@@ -156,7 +156,8 @@ def normalise_into(numden: Tensor, out: Tensor, den: Tensor) -> None:
     """`numden: [b, h, w, d + 1]` (numerators, then the normaliser) -> `out` `[b, h, w, d]` = num / max(den, eps)
     and `den` `[b, h, w]` = the normaliser, both written in place (views of the caller's full buffers)."""
     den.copy_(numden[..., -1])
-    torch.div(numden[..., :-1], numden[..., -1:].clamp_min(DENOMINATOR_EPS), out=out)
+    # copy_ rather than div(out=out): torch.compile cannot trace an `out=` view that is not contiguous
+    out.copy_(numden[..., :-1] / numden[..., -1:].clamp_min(DENOMINATOR_EPS))
 
 
 def normalise_backward_into(grad_out: Tensor, out: Tensor, den: Tensor, workspace: Workspace) -> Tensor:

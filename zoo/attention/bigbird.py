@@ -4,9 +4,9 @@ The blocked ITC variant: the sequence in blocks of `block_size` (64); each query
 blocks (itself and its neighbours), to the 2 global blocks (the first and the last, which also attend to the whole
 sequence) and to `num_random_blocks` (3) random key blocks drawn per head and query block from the blocks outside
 its window and the global ones. One softmax over the union of these keys per query: memory and time
-O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks come from a generator seeded by the `random_seed`
-buffer, so they are the same on every call, replica and resumed run for a given length (the original code also
-fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes
+O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks are a pure function of the `random_seed` buffer and
+the block count, drawn on the model's device without a host sync (`_seeded.random_bits`), so they are the same on
+every call, device, replica and resumed run for a given length (the original code also fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes
 the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
 """
 
@@ -24,6 +24,7 @@ from ._common import AttentionBase
 from ._flash_parts import Part, parts_attention, use_flash_parts
 from ._flex import bigbird_mask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
+from ._seeded import random_bits
 
 __all__ = [
     "BigBirdAttention",
@@ -47,14 +48,19 @@ def global_blocks(num_blocks: int) -> list[int]:
     return sorted({0, num_blocks - 1})
 
 
-def draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, generator: torch.Generator) -> Tensor:
-    """`[h, k, r]` long: for each head and query block, r distinct key blocks outside its window and the global
-    blocks, -1 where fewer than r such blocks exist."""
-    blocks = torch.arange(num_blocks)
+def draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, seed: Tensor | int) -> Tensor:
+    """`[h, k, r]` long on `seed`'s device: for each head and query block, r distinct key blocks outside its window
+    and the global blocks, -1 where fewer than r such blocks exist; a pure function of the int64 `seed` (a scalar
+    tensor or an int) and the sizes, equal on every device."""
+    seed = torch.as_tensor(seed, dtype=torch.int64)
+    blocks = torch.arange(num_blocks, device=seed.device)
     excluded = ((blocks[:, None] - blocks[None, :]).abs() <= 1) | (blocks == 0) | (blocks == num_blocks - 1)
-    scores = torch.rand(num_heads, num_blocks, num_blocks, generator=generator).masked_fill(excluded, 2.0)
+    # Distinct integer scores (32 random bits, then the key block), so the order has no ties to break differently
+    # on another device; excluded blocks score above every allowed one.
+    bits = random_bits(seed, num_blocks, num_heads * num_blocks * num_blocks).view(num_heads, num_blocks, num_blocks)
+    scores = (bits * num_blocks + blocks).masked_fill(excluded, 2**62)
     values, picks = scores.topk(min(num_random, num_blocks), dim=-1, largest=False)
-    picks = picks.masked_fill(values > 1, -1)
+    picks = picks.masked_fill(values == 2**62, -1)
     return F.pad(picks, (0, num_random - picks.shape[-1]), value=-1)
 
 
@@ -130,8 +136,7 @@ def bigbird_attention(
     )
     out = layout.unblock(out, b)
     # The global blocks' queries attend to the whole sequence.
-    rows = (glob[:, None] * w + torch.arange(w, device=q.device)).flatten()
-    rows = rows[rows < n]
+    rows = torch.cat([torch.arange(g * w, min(g * w + w, n), device=q.device) for g in global_blocks(blocks)])
     return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep[:, :n], False, scale, dropout_p))
 
 
@@ -217,15 +222,14 @@ class BigBirdAttention(AttentionBase):
         self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
         self.reference = check_bool("reference", reference)
         self.backend = check_backend(backend, attn_drop, self.reference)
-        # Drawn from the global generator once, then saved with the weights: every call, replica and resumed run
-        # uses the same random blocks.
+        # Drawn from the global generator once, then saved with the weights: every call, device, replica and
+        # resumed run uses the same random blocks.
         self.register_buffer("random_seed", torch.randint(2**62, ()).to(device), persistent=True)
 
     def random_blocks(self, length: int) -> Tensor:
-        """`[h, k, r]` random key blocks for a sequence of `length` (see `draw_random_blocks`)."""
-        generator = torch.Generator().manual_seed(int(self.random_seed))
+        """`[h, k, r]` random key blocks for a sequence of `length`, on the buffer's device (`draw_random_blocks`)."""
         num_blocks = bigbird_layout(length, self.block_size).num_blocks
-        return draw_random_blocks(num_blocks, self.num_heads, self.num_random_blocks, generator)
+        return draw_random_blocks(num_blocks, self.num_heads, self.num_random_blocks, self.random_seed)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0

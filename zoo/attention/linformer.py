@@ -128,8 +128,9 @@ class _BlockedAttention(torch.autograd.Function):
                     acc.add_(torch.matmul(weights, v[:, :, keys]))
                 row_max = new_max
             # A query with no kept key: weights all zero, sum 0 -> output 0 (and lse +inf: zero weights in backward).
-            torch.div(acc, row_sum.clamp_min(torch.finfo(q.dtype).tiny), out=out[:, :, qrows])
-            torch.add(row_max, row_sum.log(), out=lse[:, :, qrows])
+            # copy_ rather than out=: torch.compile cannot trace an `out=` view that is not contiguous
+            out[:, :, qrows] = acc.div_(row_sum.clamp_min(torch.finfo(q.dtype).tiny))
+            lse[:, :, qrows] = row_max.add_(row_sum.log())
         lse.masked_fill_(lse == float("-inf"), float("inf"))
         ctx.save_for_backward(q, k, v, keep, out, lse)
         ctx.blocks = (wq, wk)

@@ -139,7 +139,9 @@ class _ChunkLayout:
         if count_duplicates and rounds > 1 and chunks > 1:
             # The code of every position in every round, `[b h l, r]`, gathered for the position of every slot.
             codes = code_of(rank, buckets).transpose(-1, -2).reshape(-1, rounds).index_select(0, rows).t()
-        top = 2 * int(code.max()) + 3 * w
+        # The codes' bound from the sizes alone (reading code.max() would be a host sync): ranks stay below the
+        # length, buckets at most n_buckets (padded positions).
+        top = 2 * (length - 1 + n_buckets * (w + 1) if is_causal else (length - 1) // w) + 3 * w
         dtype = torch.int16 if top < 2**15 else torch.int32 if top < 2**31 else torch.int64
 
         def with_dummy(x: Tensor) -> Tensor:
@@ -174,8 +176,8 @@ class _ChunkLayout:
     def window(self, x: Tensor, t0: int, t1: int) -> Tensor:
         """Slot rows `x: [(t + 1) w, *]` -> the keys of chunks t0..t1, `[t1 - t0, s, *]` (a view)."""
         start = (t0 + 1) * self.chunk_len - (self.keys_per_chunk - self.chunk_len)
-        shape, stride = (t1 - t0, self.keys_per_chunk) + x.shape[1:], (self.chunk_len * x.stride(0),) + x.stride()
-        return x.as_strided(shape, stride, x.storage_offset() + start * x.stride(0))
+        stop = start + (t1 - t0 - 1) * self.chunk_len + self.keys_per_chunk
+        return x[start:stop].unfold(0, self.keys_per_chunk, self.chunk_len).movedim(-1, 1)
 
     def own(self, x: Tensor, t0: int, t1: int) -> Tensor:
         """Slot rows `x: [(t + 1) w, *]` -> the queries of chunks t0..t1, `[t1 - t0, w, *]` (a view)."""
@@ -187,10 +189,10 @@ class _ChunkLayout:
             torch.arange(self.keys_per_chunk, device=self.first_chunk.device) < self.keys_per_chunk - self.chunk_len
         )
 
-    @torch.no_grad()
     def mask_logits(self, dots: Tensor, t0: int, t1: int, round_: int | None) -> Tensor | None:
         """Self logit and hidden keys on the logits `dots: [t1 - t0, w, s]` of chunks t0..t1 (all in round
-        `round_`, or None), in place; returns how many rounds each pair meets in (count_duplicates), or None."""
+        `round_`, or None), in place; returns how many rounds each pair meets in (count_duplicates), or None.
+        Called from `_LSHAttention.forward`, where autograd is off."""
         # A query's own key is on the diagonal of its own chunk.
         dots[:, :, self.keys_per_chunk - self.chunk_len :].diagonal(dim1=1, dim2=2).fill_(SELF_LOGIT)
         if self.is_causal:
@@ -221,10 +223,10 @@ class _ChunkLayout:
 
 def _sum_rounds(slots: Tensor, unsort: Tensor) -> Tensor:
     """Slot rows `[*, d]` -> position rows `[b h l, d]`: the sum over rounds of each position's slot."""
-    total, buffer = None, slots.new_empty(0)
-    for index in unsort.unbind(1):
-        row = torch.index_select(slots, 0, index.flatten(), out=buffer)
-        total = row.clone() if total is None else total.add_(row)
+    total = slots.index_select(0, unsort[:, 0].flatten())
+    buffer = torch.empty_like(total)
+    for index in unsort[:, 1:].unbind(1):
+        total.add_(torch.index_select(slots, 0, index.flatten(), out=buffer))
     return total
 
 
@@ -411,10 +413,11 @@ class ReformerAttention(SeedStepMixin, AttentionBase):
     reformer-pytorch's default, where a key seen in several rounds counts several times), `reference` (False: the
     blocked fast path; True: the O(n^2) dense reference, for tests).
 
-    Rotations are drawn in every forward from a CPU generator seeded by (`seed`, `step`), `SeedStepMixin`'s
-    persistent buffers: `seed` is drawn once from torch's global RNG at construction, `step` counts optimizer
-    steps (`zoo.attention.on_optimizer_step(model)`, which the training engine calls). So every training step hashes
-    with fresh rotations (training never depends on one fixed hash), and all forwards within a step (gradient
+    Rotations are drawn in every forward on the module's device as a pure function of (`seed`, `step`),
+    `SeedStepMixin`'s persistent buffers (`seeded_normal`: no host sync, the same values on every device): `seed`
+    is drawn once from torch's global RNG at construction, `step` counts optimizer steps
+    (`zoo.attention.on_optimizer_step(model)`, which the training engine calls). So every training step hashes with
+    fresh rotations (training never depends on one fixed hash), and all forwards within a step (gradient
     accumulation, activation recomputation, data-parallel replicas, evaluation) use the same ones. Rotations are
     per head and shared by the samples of a batch; each sample is hashed and attended on its own.
     """
@@ -470,10 +473,10 @@ class ReformerAttention(SeedStepMixin, AttentionBase):
         self.register_seed_and_step(device)
 
     def rotations(self, length: int) -> Tensor:
-        """Random rotations `[h, r, d, n_buckets / 2]` for `length` positions at the current step."""
+        """Random rotations `[h, r, d, n_buckets / 2]` (float32) for `length` positions at the current step, drawn
+        on the buffers' device from (`seed`, `step`) with no host sync: the same values on every device."""
         half = lsh_bucket_count(length + (-length % self.bucket_size), self.bucket_size) // 2
-        shape = (self.num_heads, self.n_hashes, self.head_dim, half)
-        return torch.randn(shape, generator=self.seeded_generator(int(self.step))).to(self.seed.device)
+        return self.seeded_normal(self.step, (self.num_heads, self.n_hashes, self.head_dim, half), torch.float32)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """`x: [b, n, c]` -> (qk, qk, v), each `[b, h, n, d]`: only the q and v rows of `qkv` are computed."""
