@@ -250,6 +250,10 @@ def _recipe_case(tmp: Path, data: dict, base: dict | None = None) -> Any:
     return build_split(recipe, "train")
 
 
+def _every_series(dataset: Any) -> None:
+    assert len(dataset) == 8
+
+
 def _not_a_run(tmp: Path, runs: Runs) -> None:
     folder = tmp / "photos"
     folder.mkdir()
@@ -358,10 +362,12 @@ CASES = [
     Case("fasta-protein", "FASTA", lambda t, r: _fasta_with(t, lambda root: write_fasta(
         root / "train" / "at_rich.fa", {"p53": "MEEPQSDPSVEPPLSQETFSDLWKLL"})), "error",
          r"at_rich\.fa' record 1 \('>p53'\): 'E' at position 2 is not a nucleotide"),
-    Case("fasta-truncated-gz", "FASTA", lambda t, r: _fasta_with(t, lambda root: (root / "train" / "at_rich.fa").write_bytes(
+    Case("fasta-truncated-gz", "FASTA", lambda t, r: _fasta_with(t, lambda root: (
+        root / "train" / "at_rich.fa").write_bytes(
         write_fasta(root / "x.fa.gz", {"a": "ACGTTGCA" * 500}, compress=True).read_bytes()[:-20])), "error",
          r"at_rich\.fa': gzip file truncated"),
-    Case("fasta-no-header", "FASTA", lambda t, r: _fasta_with(t, lambda root: (root / "train" / "gc_rich.fa").write_text(
+    Case("fasta-no-header", "FASTA", lambda t, r: _fasta_with(t, lambda root: (
+        root / "train" / "gc_rich.fa").write_text(
         "GGCCGGCC\n")), "error", r"gc_rich\.fa' is not a FASTA file"),
     Case("fasta-rna-lowercase-gaps", "FASTA", lambda t, r: _fasta_with(t, lambda root: write_fasta(
         root / "train" / "at_rich.fa", {"rna": "acgu-uu..aaNN" * 3})), "reads"),
@@ -401,7 +407,8 @@ CASES = [
     Case("forecast-text-target", "forecast CSV", lambda t, r: _forecast_with(t, lambda rows: _cell(rows, 7, 1, "n/a?")),
          "error", r"series\.csv' line 9, column 2 \('demand'\): cannot read 'n/a\?'"),
     Case("forecast-missing-target-masked", "forecast CSV", lambda t, r: _forecast_with(
-        t, lambda rows: _cell(rows, 60, 1, ""), nan="mask"), "warns", r"train split: 4 of \d+ windows left out for a missing target"),
+        t, lambda rows: _cell(rows, 60, 1, ""), nan="mask"), "warns",
+         r"train split: 4 of \d+ windows left out for a missing target"),
     Case("forecast-too-short", "forecast CSV", lambda t, r: forecast(forecast_file(t / "s.csv", 30)), "error",
          r"lookback=24 and horizon=4 leave no train window in a series of 30 steps"),
     Case("forecast-train-samples", "forecast CSV", lambda t, r: forecast(forecast_file(t / "s.csv"), num_samples=50),
@@ -416,13 +423,21 @@ CASES = [
     Case("recipe-inherited-samples", "recipe", lambda t, r: _recipe_case(
         t, {"name": "csv", "root": str(csv_splits(t / "series"))}, base={"data": {"train_samples": 5}}),
          "warns", r"data\.train_samples=5: 5 of the 8 series"),
+    Case("recipe-samples-null", "recipe", lambda t, r: _every_series(_recipe_case(t, {
+        "name": "csv", "root": str(csv_splits(t / "series")), "train_samples": None},
+        base={"data": {"train_samples": 5}})),
+         "reads"),
     # run folders and weights files
     Case("run-eval-on-a-plain-folder", "run folder", _not_a_run, "error", r"photos/recipe\.yaml does not exist"),
-    Case("run-without-checkpoints", "run folder", _run_without_checkpoint, "error", r"run directory without a 'best' checkpoint"),
-    Case("weights-truncated", "weights file", _damaged_weights, "error", r"best is damaged: model\.safetensors has \d+ bytes, \d+ when saved"),
-    Case("weights-lfs-pointer", "weights file", _lfs_pointer, "error", r"model\.safetensors.*git-lfs pointer.*git lfs pull"),
+    Case("run-without-checkpoints", "run folder", _run_without_checkpoint, "error",
+         r"run directory without a 'best' checkpoint"),
+    Case("weights-truncated", "weights file", _damaged_weights, "error",
+         r"best is damaged: model\.safetensors has \d+ bytes, \d+ when saved"),
+    Case("weights-lfs-pointer", "weights file", _lfs_pointer, "error",
+         r"model\.safetensors.*git-lfs pointer.*git lfs pull"),
     # prediction inputs
-    Case("predict-csv-bad-row", "predict input", _bad_row_six, "warns", r"skipped .*bad\.csv: .*bad\.csv' line 7, column 4"),
+    Case("predict-csv-bad-row", "predict input", _bad_row_six, "warns",
+         r"skipped .*bad\.csv: .*bad\.csv' line 7, column 4"),
     Case("predict-folder-litter", "predict input", lambda t, r: _predict_files(t, r.fasta, {
         "q/a.fa": ">a\nACGTACGT\n", "q/notes.txt": "x", "q/.DS_Store": "x"}), "warns",
          r"left out 2 files that are not FASTA files \(\.DS_Store, notes\.txt\)"),

@@ -222,10 +222,11 @@ class DataConfig:
         default_factory=dict, metadata={"schema_of": ("name", lambda name: get_dataset(name).options)}
     )
     # items per split (DataContext.num_samples): what a generated set makes; for a set of your files a subset drawn
-    # from data.seed and counted in a warning (left at these defaults: every item); forecasting sets refuse them
-    train_samples: int = bounded(DEFAULT_NUM_SAMPLES["train"], min=1)
-    val_samples: int = bounded(DEFAULT_NUM_SAMPLES["val"], min=1)
-    test_samples: int = bounded(DEFAULT_NUM_SAMPLES["test"], min=1)
+    # from data.seed and counted in a warning (left at these defaults: every item); forecasting sets refuse them.
+    # null: every item of your files, a generated set's own default count
+    train_samples: int | None = bounded(DEFAULT_NUM_SAMPLES["train"], min=1)
+    val_samples: int | None = bounded(DEFAULT_NUM_SAMPLES["val"], min=1)
+    test_samples: int | None = bounded(DEFAULT_NUM_SAMPLES["test"], min=1)
     seed: int = 0
     batch_size: int = bounded(64, min=1)
     eval_batch_size: int | None = bounded(None, min=1)
