@@ -1,6 +1,8 @@
 """Reformer LSH attention: exact limits, the blocked fast path against the dense O(n^2) reference (outputs and
 gradients), hashing, causality, padding, rotations, bf16 and approximation quality."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,6 +174,36 @@ def test_rotations_are_redrawn_each_optimizer_step_and_restored_with_the_state()
     assert not torch.allclose(attention(x), first)
     attention.load_state_dict(saved)
     torch.testing.assert_close(attention(x), first, rtol=0, atol=0)
+
+
+def _lowbias32(x: int) -> int:
+    x ^= x >> 16
+    x = x * 0x7FEB352D % 2**32
+    x ^= x >> 15
+    x = x * 0x846CA68B % 2**32
+    return x ^ (x >> 16)
+
+
+def _python_normal(seed: int, stream: int, count: int) -> list[float]:
+    """`random_normal` in plain Python integers and float64 math: what every device must compute."""
+    key = _lowbias32(_lowbias32(_lowbias32(seed % 2**32) ^ (seed >> 32)) ^ stream % 2**32)
+    bits = [_lowbias32(_lowbias32((i + key) % 2**32) ^ key) for i in range(2 * count)]
+    uniform = [(b + 0.5) * 2.0**-32 for b in bits]
+    return [math.sqrt(-2 * math.log(uniform[i])) * math.cos(2 * math.pi * uniform[count + i]) for i in range(count)]
+
+
+def test_rotations_are_a_pure_function_of_seed_and_step_drawn_on_the_device():
+    # integer arithmetic that never overflows and float64 transcendentals: the same values on every device
+    attention = zoo.create_attention("reformer", DIM, HEADS, bucket_size=8)
+    with torch.no_grad():
+        attention.seed.fill_(2**62 - 12345)
+        attention.step.fill_(3)
+    rotations = attention.rotations(131)
+    assert rotations.shape == (HEADS, 4, D, lsh_bucket_count(136, 8) // 2) and rotations.dtype == torch.float32
+    expected = torch.tensor(_python_normal(2**62 - 12345, 3, rotations.numel()), dtype=torch.float64)
+    torch.testing.assert_close(rotations.flatten(), expected.float(), rtol=0, atol=0)
+    # no value is read on the host: the draw runs on the meta device, where reading one raises
+    assert attention.to("meta").rotations(131).device.type == "meta"
 
 
 def test_only_the_q_and_v_rows_of_qkv_are_used():
