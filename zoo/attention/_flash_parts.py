@@ -13,8 +13,10 @@ Letter legend: b - batch, h - heads, n - length, d - head dim, g - extra (global
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,18 +29,66 @@ from ._workspace import unwritten
 __all__ = [
     "FLASH_KEY_TILE",
     "FLASH_MIN_BLOCK",
+    "FLASH_OP_SCHEMAS",
     "PIECE_BYTES",
     "Part",
     "additive",
     "band_parts",
+    "flash_ops_problem",
     "on_kept_prefixes",
     "parts_attention",
     "prefix_lengths",
     "use_flash_parts",
 ]
 
-_flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+# The private ATen operators the parts call (SDPA's CPU flash kernel and its backward), with the schemas this code
+# was written against. They are no public API: a torch whose operators differ, or lack them, turns the parts off
+# (`flash_ops_problem`), and the windowed variants take their masked F.scaled_dot_product_attention path.
+_FLASH_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
+_FLASH_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
+FLASH_OP_SCHEMAS = {
+    _FLASH_FORWARD: (
+        "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, "
+        "float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) "
+        "-> (Tensor output, Tensor logsumexp)"
+    ),
+    _FLASH_BACKWARD: (
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward(Tensor grad_out, Tensor query, Tensor key, "
+        "Tensor value, Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, "
+        "float? scale=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)"
+    ),
+}
+
+
+@functools.cache
+def flash_ops_problem() -> str | None:
+    """Why the running torch cannot run the flash parts (an operator of `FLASH_OP_SCHEMAS` missing, or with
+    another schema), or None when it can."""
+    for name, expected in FLASH_OP_SCHEMAS.items():
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            return f"torch {torch.__version__} has no aten::{name}"
+        actual = str(packet.default._schema)
+        if actual != expected:
+            return f"torch {torch.__version__} changed aten::{name} to {actual!r}, expected {expected!r}"
+    return None
+
+
+@functools.cache
+def _warn_flash_ops_off(problem: str) -> None:
+    # once per process: the first windowed forward that would have taken the parts
+    warnings.warn(
+        f"the CPU flash-parts path of the windowed attentions is off: {problem}; they run their masked "
+        "F.scaled_dot_product_attention path instead (same results, slower on CPU)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+@functools.cache
+def _flash_op(name: str) -> torch._ops.OpOverload:
+    return getattr(torch.ops.aten, name).default
+
 
 # Blocks shorter than this are left to the masked path: the kernel's tiles would be too small to pay off.
 FLASH_MIN_BLOCK = 64
@@ -51,8 +101,9 @@ FLASH_KEY_TILE = 512
 def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int) -> bool:
     """Whether the flash-parts path applies: CPU, float32 / float64, no key padding mask, no dropout, and
     blocks of `block` >= `FLASH_MIN_BLOCK` positions, in eager mode (under `torch.compile` the masked path, which
-    every device runs and which traces into one graph; the parts' Python loops over strided views do not)."""
-    return (
+    every device runs and which traces into one graph; the parts' Python loops over strided views do not), on a
+    torch whose private operators match `FLASH_OP_SCHEMAS` (else a RuntimeWarning, once, and the masked path)."""
+    applies = (
         q.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and q.dtype in (torch.float32, torch.float64)
@@ -60,6 +111,10 @@ def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int
         and dropout_p == 0
         and block >= FLASH_MIN_BLOCK
     )
+    if applies and flash_ops_problem() is not None:
+        _warn_flash_ops_off(flash_ops_problem())
+        return False
+    return applies
 
 
 def prefix_lengths(q: Tensor, mask: Tensor | None, dropout_p: float) -> list[int] | None:
@@ -283,7 +338,7 @@ class _FlashParts(torch.autograd.Function):
             for part in _pieces(parts, q):
                 keys, values = _part_keys(part, batch, k, v, k_extra, v_extra, rows)
                 queries = _group_view(q, batch, part.start, part.count, part.length, part.stride)
-                o, l = _flash_forward(
+                o, l = _flash_op(_FLASH_FORWARD)(
                     _flipped(queries, part.flip),
                     _flipped(keys, part.flip),
                     _flipped(values, part.flip),
@@ -323,7 +378,7 @@ class _FlashParts(torch.autograd.Function):
             for part in _pieces(ctx.parts, q):
                 keys, values = _part_keys(part, batch, k, v, k_extra, v_extra, rows)
                 total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
-                gq, gk, gv = _flash_backward(
+                gq, gk, gv = _flash_op(_FLASH_BACKWARD)(
                     _query_view(grad_out, batch, part),
                     _query_view(q, batch, part),
                     _flipped(keys, part.flip),
