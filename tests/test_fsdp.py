@@ -26,7 +26,8 @@ from zoo.recipe._schema import RecipeError
 ROOT = Path(__file__).resolve().parents[1]
 
 # ViTDet's layout in miniature: 2-D windows of 2 x 2 patches on the 4 x 4 grid, softmax in block 1; drop path, so
-# that the activation checkpointing of the fsdp runs must replay the random masks to match ddp.
+# that the activation checkpointing of the fsdp runs must replay the random masks to match ddp; a conv stem, whose
+# BatchNorm statistics every process updates from its own batch (process 0's are kept under both strategies).
 TINY = {
     "name": "tiny_fsdp",
     "seed": 5,
@@ -34,6 +35,7 @@ TINY = {
         "name": "vit_tiny_patch16_224",
         "img_size": 32,
         "patch_size": 8,
+        "stem": "conv",
         "embed_dim": 32,
         "depth": 2,
         "num_heads": 2,
@@ -123,12 +125,15 @@ def test_fsdp_resumes_and_ends_with_the_weights_of_ddp(runs):
         assert summary["steps"] == 4 and summary["num_processes"] == 2 and summary["replicas_identical"]
     ddp, fsdp = weights(runs["ddp"]["dir"]), weights(runs["fsdp"]["dir"])
     assert ddp.keys() == fsdp.keys()
+    assert "patch_embed.proj.1.running_mean" in ddp  # buffers are compared too
     initial = zoo.create_model(
         "vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, in_chans=1
     ).state_dict()
     assert not torch.allclose(ddp["blocks.1.attn.qkv.weight"], initial["blocks.1.attn.qkv.weight"])
+    # atol: 1% of one step at lr 1e-3; Adam's step for a near-zero gradient magnifies the rounding by which FSDP's
+    # reduce-scatter and DDP's all-reduce differ (1.4e-6 seen in a qkv bias)
     for key in ddp:
-        torch.testing.assert_close(fsdp[key], ddp[key], rtol=1e-5, atol=1e-6, msg=key)
+        torch.testing.assert_close(fsdp[key], ddp[key], rtol=1e-5, atol=1e-5, msg=key)
 
 
 @pytest.mark.slow
