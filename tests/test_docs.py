@@ -1,0 +1,277 @@
+"""Every Python and shell block of README.md and docs/*.md runs as written, each in a fresh temporary folder that
+holds links to `.venv`, `tools` and `recipes` (so `.venv/bin/python tools/train.py recipes/...` works there).
+
+A block runs as it stands unless HTML comments right above its fence say otherwise:
+
+    <!-- docs-test: skip (REASON) -->             not run; the reason is the skip message
+    <!-- docs-test: needs runs/quickstart -->     the folder gets what an earlier step of the README made (NEEDS)
+    <!-- docs-test: needs debian:PACKAGE -->      skipped when `make data-deps` could not install that data
+    <!-- docs-test: after the block above -->    the previous runnable block of the file runs first, in the folder
+    <!-- docs-test: tools/train.py ARGS -->       ARGS are added to each command of that tool in the block, e.g.
+                                                  `--set train.max_steps=1 ...` to run a GPU-sized recipe at CPU size;
+    <!-- docs-test: tools/train.py recipes/x.yaml ARGS -->   only to the commands that start with those words
+
+A block with no marker runs, so a new block is tested as soon as it is written. Shell blocks are read command by
+command (a trailing `\\` continues a line, `#` starts a comment): `.venv/bin/python tools/X.py ...` runs in a child of
+tests/docs_runner.py (zoo imported once for all of them), anything else through bash. Python blocks run as a
+script in a child of the same runner. Network access is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import zoo
+from zoo.data import debian
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LANGUAGES = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
+MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
+FENCE = re.compile(r"^```(\S*)\s*$")
+TIMEOUT = 300
+# the quickstart recipe at test size: its run stands in for the 2-minute `make quickstart`
+QUICKSTART = (
+    "data.train_samples=64 data.val_samples=32 data.test_samples=32 data.batch_size=16 data.eval_batch_size=32 "
+    "data.num_workers=0 train.max_steps=2 schedule.warmup_steps=1"
+)
+
+
+@dataclass
+class Block:
+    path: Path
+    line: int  # of the opening fence, 1-based
+    language: str
+    code: str
+    skip: str | None = None
+    needs: list[str] = field(default_factory=list)
+    after: Block | None = None
+    # (the command's first words, e.g. ["tools/train.py"] or ["tools/train.py", "recipes/x.yaml"], the arguments
+    # added to each command of the block that starts with them)
+    tool_args: list[tuple[list[str], list[str]]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def read_blocks(path: Path) -> list[Block]:
+    """The Python and shell blocks of the Markdown file `path`, with their markers."""
+    lines, blocks, previous = path.read_text().splitlines(), [], None
+    index = 0
+    while index < len(lines):
+        opening = FENCE.match(lines[index])
+        if not opening:
+            index += 1
+            continue
+        end = next((i for i in range(index + 1, len(lines)) if lines[i].startswith("```")), len(lines))
+        language = LANGUAGES.get(opening.group(1).lower())
+        if language:
+            block = Block(path, index + 1, language, "\n".join(lines[index + 1 : end]) + "\n")
+            for marker in markers_above(lines, index):
+                apply_marker(block, marker, previous)
+            blocks.append(block)
+            previous = block
+        index = end + 1
+    return blocks
+
+
+def markers_above(lines: list[str], fence: int) -> list[str]:
+    """The docs-test markers on the lines right above line `fence` (blank lines allowed between them)."""
+    found, index = [], fence - 1
+    while index >= 0 and (not lines[index].strip() or MARKER.fullmatch(lines[index].strip())):
+        if lines[index].strip():
+            found.append(MARKER.fullmatch(lines[index].strip()).group(1))
+        index -= 1
+    return found[::-1]
+
+
+def apply_marker(block: Block, marker: str, previous: Block | None) -> None:
+    where = f"{block.path.name}, block at line {block.line}"
+    if marker.startswith("skip"):
+        block.skip = marker.removeprefix("skip").strip().strip("()") or "marked skip"
+    elif marker.startswith("needs "):
+        block.needs.append(marker.removeprefix("needs ").strip())
+    elif marker == "after the block above":
+        if previous is None:
+            raise ValueError(f"{where}: 'after the block above' on the first block")
+        block.after = previous
+    elif marker.startswith("tools/"):
+        words = shlex.split(marker)
+        start = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
+        block.tool_args.append((words[:start], words[start:]))
+    else:
+        raise ValueError(f"{where}: unknown docs-test marker {marker!r}")
+
+
+BLOCKS = [block for path in DOCUMENTS for block in read_blocks(path)]
+
+
+class Runner:
+    """tests/docs_runner.py: one request at a time, each in a forked child."""
+
+    def __init__(self, log: Path):
+        # one thread: the documented commands are tiny here, and OpenMP threads that spin while the machine is busy
+        # with the rest of the suite cost 15 times the CPU (256 generated DNA tokens: 14 s instead of 0.9 s)
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "docs_runner.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+            env=env,
+        )
+
+    def run(self, cwd: Path, log: Path, **request) -> int:
+        request.update(cwd=str(cwd), log=str(log), timeout=TIMEOUT)
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"tests/docs_runner.py stopped: see {log.parent}")
+        answer = json.loads(answer)
+        with log.open("a") as handle:
+            handle.write(f"docs-test: {answer['cpu']} s CPU\n")
+        return answer["rc"]
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    runner = Runner(tmp_path_factory.mktemp("runner") / "runner.log")
+    yield runner
+    runner.close()
+
+
+def workspace(folder: Path) -> Path:
+    """`folder` as a user's checkout: .venv, tools and recipes linked in."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (".venv", "tools", "recipes"):
+        if not (folder / name).exists():
+            (folder / name).symlink_to(ROOT / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def made(runner, tmp_path_factory):
+    """What the README's earlier steps make, by the name a `needs` marker uses, each made once when first asked
+    for: a function that puts it into a block's folder."""
+    cache: dict[str, Path] = {}
+    home = workspace(tmp_path_factory.mktemp("made"))
+
+    def make(name: str) -> Path:
+        if name not in cache:
+            if name not in NEEDS:
+                raise ValueError(f"unknown docs-test need {name!r}; known: {', '.join(NEEDS)}")
+            log = home / f"{name.replace('/', '_')}.log"
+            rc = NEEDS[name](runner, home, log)
+            assert rc == 0 and (home / name).exists(), f"making {name} failed:\n{log.read_text()[-3000:]}"
+            cache[name] = home / name
+        return cache[name]
+
+    return make
+
+
+def _quickstart(runner: Runner, home: Path, log: Path) -> int:
+    argv = ["tools/train.py", "recipes/quickstart.yaml", "--output", "runs/quickstart", "--set", *QUICKSTART.split()]
+    return runner.run(home, log, argv=argv)
+
+
+def _timm_weights(runner: Runner, home: Path, log: Path) -> int:
+    # timm's own layout; weights as initialised (the test has no network to fetch ImageNet's)
+    code = (
+        "import timm\nfrom safetensors.torch import save_file\n"
+        "save_file(timm.create_model('vit_small_patch16_224').state_dict(), 'vit_small_patch16_224.safetensors')\n"
+    )
+    return runner.run(home, log, python=code, name="timm weights")
+
+
+NEEDS = {"runs/quickstart": _quickstart, "vit_small_patch16_224.safetensors": _timm_weights}
+
+
+def run_block(block: Block, folder: Path, runner: Runner, made) -> None:
+    """Run `block` (and the blocks it comes after) in `folder`; a failure names the command and shows its log."""
+    if block.after is not None:
+        run_block(block.after, folder, runner, made)
+    for name in block.needs:
+        if name.startswith("debian:"):
+            package = name.removeprefix("debian:")
+            if not debian.is_available(package):
+                pytest.skip(f"Debian data package missing: {debian.install_hint(package)}")
+            continue
+        source, target = made(name), folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
+    log = folder / f"line{block.line}.log"
+    if block.language == "python":
+        rc = runner.run(folder, log, python=block.code, name=block.name)
+        assert rc == 0, f"{block.name} failed (rc {rc}):\n{log.read_text()[-4000:]}"
+        return
+    for command in shell_commands(block.code):
+        argv = shlex.split(command, comments=True)
+        if argv[:1] == [".venv/bin/python"] and argv[1].startswith("tools/"):
+            argv = argv[1:]
+            argv += [arg for start, args in block.tool_args if argv[: len(start)] == start for arg in args]
+            rc = runner.run(folder, log, argv=argv)
+        else:
+            with log.open("a") as output:
+                rc = subprocess.run(
+                    command, shell=True, cwd=folder, stdout=output, stderr=output, check=False
+                ).returncode
+        assert rc == 0, f"{block.name}: `{shlex.join(argv)}` failed (rc {rc}):\n{log.read_text()[-4000:]}"
+
+
+def shell_commands(code: str) -> list[str]:
+    """The commands of a shell block: continued lines joined, blank and comment-only lines left out."""
+    commands, current = [], ""
+    for line in code.splitlines():
+        current += line[:-1] + " " if line.rstrip().endswith("\\") else line
+        if line.rstrip().endswith("\\"):
+            continue
+        if shlex.split(current, comments=True):
+            commands.append(current)
+        current = ""
+    return commands
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.name for block in BLOCKS])
+def test_block_runs(block, runner, made, tmp_path):
+    if block.skip:
+        pytest.skip(block.skip)
+    run_block(block, workspace(tmp_path), runner, made)
+
+
+def test_blocks_are_found():
+    """The parser sees the README's blocks (a broken fence pattern would make every test above vacuous)."""
+    readme = [block for block in BLOCKS if block.path.name == "README.md"]
+    assert {"python", "shell"} <= {block.language for block in readme} and len(readme) >= 10
+    # skips stay few: the quickstart itself, several GPUs, 8 GPUs, the hub, a GPU check
+    assert sum(block.skip is not None for block in BLOCKS) <= 6
+
+
+def test_attention_table_lists_every_registered_variant():
+    """The README's table of attention variants names each registered one once, and nothing else."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Attention variants", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    names = []
+    for row in rows:
+        # the names outside the parentheses: `sparse` (Sparse Transformer), `longformer`
+        while re.search(r"\([^()]*\)", row):
+            row = re.sub(r"\([^()]*\)", "", row)
+        names += re.findall(r"`([^`]+)`", row)
+    assert sorted(names) == sorted(zoo.list_attentions())
