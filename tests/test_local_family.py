@@ -475,6 +475,9 @@ def test_bigbird_random_blocks_are_deterministic_and_valid():
     few = draw_random_blocks(5, 2, 3, 0)
     assert (few[:, 2] == -1).all() and (few[:, 0, 2] == -1).all()
     assert set(few[:, 0, :2].flatten().tolist()) <= {2, 3}
+    # the path a GPU takes (no cache keyed by the seed's value), traced whole: the same blocks
+    traced = torch.compile(attention.random_blocks, backend="eager", fullgraph=True)(131)
+    torch.testing.assert_close(traced, first, rtol=0, atol=0)
     # drawn where the seed buffer lives, reading no value on the host: the draw runs on the meta device, where
     # reading one raises
     assert attention.to("meta").random_blocks(131).device.type == "meta"

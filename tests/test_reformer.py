@@ -176,20 +176,24 @@ def test_rotations_are_redrawn_each_optimizer_step_and_restored_with_the_state()
     torch.testing.assert_close(attention(x), first, rtol=0, atol=0)
 
 
-def _lowbias32(x: int) -> int:
+def _hash32(x: int) -> int:
     x ^= x >> 16
-    x = x * 0x7FEB352D % 2**32
+    x = x * 0x21F0AAAD % 2**32
     x ^= x >> 15
-    x = x * 0x846CA68B % 2**32
-    return x ^ (x >> 16)
+    x = x * 0x735A2D97 % 2**32
+    return x ^ (x >> 15)
 
 
 def _python_normal(seed: int, stream: int, count: int) -> list[float]:
     """`random_normal` in plain Python integers and float64 math: what every device must compute."""
-    key = _lowbias32(_lowbias32(_lowbias32(seed % 2**32) ^ (seed >> 32)) ^ stream % 2**32)
-    bits = [_lowbias32(_lowbias32((i + key) % 2**32) ^ key) for i in range(2 * count)]
-    uniform = [(b + 0.5) * 2.0**-32 for b in bits]
-    return [math.sqrt(-2 * math.log(uniform[i])) * math.cos(2 * math.pi * uniform[count + i]) for i in range(count)]
+    first = _hash32(_hash32(_hash32(seed % 2**32) ^ (seed >> 32)) ^ stream % 2**32)
+    second = _hash32(first ^ 0x5BD1E995)
+    pairs = (count + 1) // 2
+    uniform = [(_hash32(_hash32((i + first) % 2**32) ^ second) + 0.5) * 2.0**-32 for i in range(2 * pairs)]
+    radius = [math.sqrt(-2 * math.log(u)) for u in uniform[:pairs]]
+    angle = [2 * math.pi * u for u in uniform[pairs:]]
+    normal = [r * math.cos(a) for r, a in zip(radius, angle)] + [r * math.sin(a) for r, a in zip(radius, angle)]
+    return normal[:count]
 
 
 def test_rotations_are_a_pure_function_of_seed_and_step_drawn_on_the_device():
@@ -202,6 +206,9 @@ def test_rotations_are_a_pure_function_of_seed_and_step_drawn_on_the_device():
     assert rotations.shape == (HEADS, 4, D, lsh_bucket_count(136, 8) // 2) and rotations.dtype == torch.float32
     expected = torch.tensor(_python_normal(2**62 - 12345, 3, rotations.numel()), dtype=torch.float64)
     torch.testing.assert_close(rotations.flatten(), expected.float(), rtol=0, atol=0)
+    # the path a GPU takes (no cache keyed by values read on the host), traced whole: the same values
+    traced = torch.compile(attention.rotations, backend="eager", fullgraph=True)(131)
+    torch.testing.assert_close(traced, rotations, rtol=0, atol=0)
     # no value is read on the host: the draw runs on the meta device, where reading one raises
     assert attention.to("meta").rotations(131).device.type == "meta"
 

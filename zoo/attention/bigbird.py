@@ -12,6 +12,7 @@ the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Literal
 
 import torch
@@ -24,7 +25,7 @@ from ._common import AttentionBase
 from ._flash_parts import Part, parts_attention, use_flash_parts
 from ._flex import bigbird_mask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
-from ._seeded import random_bits
+from ._seeded import host_int, random_bits
 
 __all__ = [
     "BigBirdAttention",
@@ -51,8 +52,20 @@ def global_blocks(num_blocks: int) -> list[int]:
 def draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, seed: Tensor | int) -> Tensor:
     """`[h, k, r]` long on `seed`'s device: for each head and query block, r distinct key blocks outside its window
     and the global blocks, -1 where fewer than r such blocks exist; a pure function of the int64 `seed` (a scalar
-    tensor or an int) and the sizes, equal on every device."""
+    tensor or an int) and the sizes, equal on every device. Cached on the CPU (O(h k^2) hashes)."""
     seed = torch.as_tensor(seed, dtype=torch.int64)
+    value = host_int(seed)
+    if value is not None:
+        return _random_blocks_on_cpu(num_blocks, num_heads, num_random, value).clone()
+    return _draw_random_blocks(num_blocks, num_heads, num_random, seed)
+
+
+@functools.lru_cache(maxsize=32)
+def _random_blocks_on_cpu(num_blocks: int, num_heads: int, num_random: int, seed: int) -> Tensor:
+    return _draw_random_blocks(num_blocks, num_heads, num_random, torch.tensor(seed))
+
+
+def _draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, seed: Tensor) -> Tensor:
     blocks = torch.arange(num_blocks, device=seed.device)
     excluded = ((blocks[:, None] - blocks[None, :]).abs() <= 1) | (blocks == 0) | (blocks == num_blocks - 1)
     # Distinct integer scores (32 random bits, then the key block), so the order has no ties to break differently
