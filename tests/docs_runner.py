@@ -60,7 +60,8 @@ def _child(request: dict) -> int:
     sys.addaudithook(_refuse_network)
     try:
         if "python" in request:
-            sys.argv = [request["name"]]
+            # as a pasted script sees it: the folder it runs in first on the path
+            sys.argv, sys.path[0] = [request["name"]], request["cwd"]
             # a README block run as a script, as a user pastes it
             exec(compile(request["python"], request["name"], "exec"), {"__name__": "__main__"})  # noqa: S102
         else:

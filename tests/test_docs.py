@@ -12,9 +12,9 @@ A block runs as it stands unless HTML comments right above its fence say otherwi
     <!-- docs-test: tools/train.py recipes/x.yaml ARGS -->   only to the commands that start with those words
 
 A block with no marker runs, so a new block is tested as soon as it is written. Shell blocks are read command by
-command (a trailing `\\` continues a line, `#` starts a comment): `.venv/bin/python tools/X.py ...` runs in a child of
-tests/docs_runner.py (zoo imported once for all of them), anything else through bash. Python blocks run as a
-script in a child of the same runner. Network access is refused.
+command (a trailing `\\` continues a line, `#` starts a comment; a `cd` does not carry over to the next line):
+`.venv/bin/python tools/X.py ...` runs in a child of tests/docs_runner.py (zoo imported once for all of them),
+anything else through bash. Python blocks run as a script in a child of the same runner. Network access is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGUAGES = {"python": "python", "py": "python", "bash": "shell", "sh": "shell", "shell": "shell"}
 MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
-FENCE = re.compile(r"^```(\S*)\s*$")
+FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 TIMEOUT = 300
 # the quickstart recipe at test size: its run stands in for the 2-minute `make quickstart`
 QUICKSTART = (
@@ -74,10 +74,13 @@ def read_blocks(path: Path) -> list[Block]:
         if not opening:
             index += 1
             continue
-        end = next((i for i in range(index + 1, len(lines)) if lines[i].startswith("```")), len(lines))
-        language = LANGUAGES.get(opening.group(1).lower())
+        indent, closing = opening.group(1), opening.group(1) + "```"
+        end = next((i for i in range(index + 1, len(lines)) if lines[i].rstrip() == closing), len(lines))
+        language = LANGUAGES.get(opening.group(2).lower())
         if language:
-            block = Block(path, index + 1, language, "\n".join(lines[index + 1 : end]) + "\n")
+            # a block inside a list item is indented as its fence is
+            code = "\n".join(line.removeprefix(indent) for line in lines[index + 1 : end]) + "\n"
+            block = Block(path, index + 1, language, code)
             for marker in markers_above(lines, index):
                 apply_marker(block, marker, previous)
             blocks.append(block)
@@ -263,15 +266,23 @@ def test_blocks_are_found():
     assert sum(block.skip is not None for block in BLOCKS) <= 6
 
 
-def test_attention_table_lists_every_registered_variant():
-    """The README's table of attention variants names each registered one once, and nothing else."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Attention variants", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split("|")[2] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+def table_names(section: str, column: int) -> list[str]:
+    """The backticked names in `column` of the first Markdown table of `section`, outside parentheses."""
+    lines = section.split("\n|", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     names = []
-    for row in rows:
-        # the names outside the parentheses: `sparse` (Sparse Transformer), `longformer`
-        while re.search(r"\([^()]*\)", row):
-            row = re.sub(r"\([^()]*\)", "", row)
-        names += re.findall(r"`([^`]+)`", row)
-    assert sorted(names) == sorted(zoo.list_attentions())
+    for line in lines:
+        cell = line.split("|")[column]
+        # `sparse` (Sparse Transformer), `longformer`: what is in parentheses describes the name before it
+        while re.search(r"\([^()]*\)", cell):
+            cell = re.sub(r"\([^()]*\)", "", cell)
+        names += re.findall(r"`([^`]+)`", cell)
+    return names
+
+
+def test_attention_tables_list_every_registered_variant():
+    """The README's table of attention variants and docs/attention.md's name each registered one once, and
+    nothing else."""
+    readme = (ROOT / "README.md").read_text().split("## Attention variants", 1)[1]
+    assert sorted(table_names(readme, 2)) == sorted(zoo.list_attentions())
+    docs = (ROOT / "docs" / "attention.md").read_text()
+    assert sorted(table_names(docs, 1)) == sorted(zoo.list_attentions())
