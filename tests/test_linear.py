@@ -204,3 +204,14 @@ def test_keys_longer_than_queries_take_the_reference_path():
     q = torch.randn(1, 2, 37, 8, generator=generator, dtype=torch.float64)
     k, v = (torch.randn(1, 2, 60, 8, generator=generator, dtype=torch.float64) for _ in range(2))
     torch.testing.assert_close(linear_attention(q, k, v), linear_attention(q, k, v, reference=True))
+
+
+def test_a_gpu_takes_the_whole_sequence_as_one_block_and_the_cpu_cache_sized_blocks():
+    from zoo.attention._workspace import rows_per_block
+
+    row = 1 * 8 * 65 * 4  # batch 1, 8 heads, d + 1 = 65 floats
+    assert rows_per_block(65536, row, linear_module._BLOCK_BYTES, torch.device("cpu")) == 2**22 // row
+    assert rows_per_block(65536, row, linear_module._BLOCK_BYTES, torch.device("cuda")) == 65536
+    # a GPU workspace past 1 GiB is cut into blocks again; a tiny budget still takes 16 rows
+    assert rows_per_block(2**24, 2**12, 2**22, torch.device("cuda")) == 2**30 // 2**12
+    assert rows_per_block(1000, 2**20, 1, torch.device("cpu")) == 16

@@ -6,6 +6,7 @@ recipes, each part under its own time budget; results rewritten after every item
     tools/device_check.py --out /tmp/check                       # CUDA: about 8 minutes on an H100
     tools/device_check.py --device cpu --out /tmp/check          # toy sizes on the CPU (the suite runs this)
     tools/device_check.py --parts correctness flex --out /tmp/check
+    tools/device_check.py --parts bench --variants linear performer --out /tmp/check
 
 `make device-check DEVICE_OUT=DIR` runs it with the system Python where no .venv exists (a bare GPU machine).
 """
@@ -29,6 +30,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="default: all, in order")
     parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="the sweep's variants (default: those the speed targets name); softmax and projections always run",
+    )
+    parser.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every part's time budget (default: %(default)s)"
     )
     return parser.parse_args()
@@ -41,7 +49,7 @@ def main() -> None:
         raise ValueError("--device cuda was asked for, but torch.cuda.is_available() is False: use --device cpu")
     if args.budget_scale <= 0:
         raise ValueError(f"--budget-scale must be > 0, got {args.budget_scale:g}")
-    results = run_device_check(device, Path(args.out), tuple(args.parts), args.budget_scale)
+    results = run_device_check(device, Path(args.out), tuple(args.parts), args.budget_scale, tuple(args.variants))
     for name, part in results["parts"].items():
         failed = part.get("failed")
         print(

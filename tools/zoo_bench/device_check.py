@@ -80,6 +80,7 @@ class Profile:
     train_runs: dict[str, tuple[str, tuple[str, ...]]]
     train_steps: tuple[int, int]  # warm-up, timed
     flex_length: int = 300
+    bench_variants: tuple[str, ...] = ()
     correctness_length: int = 37
     ratios: tuple[tuple[str, str, str], ...] = ()
 
@@ -334,9 +335,13 @@ def check_flex(report: Report, profile: Profile) -> None:
 # ----- bench: the speed sweep, in this process (CUDA's peak memory resets per phase)
 
 
-def _bench_variants() -> list[str]:
+def _bench_variants(asked: tuple[str, ...] = ()) -> list[str]:
+    """`asked` (default: the targets' variants) after softmax and projections, the baseline and the floor."""
+    for name in asked:
+        get_attention(name)  # an unknown name: the registry's one-line error with close matches
+    names = list(dict.fromkeys(("softmax", PROJECTIONS, *asked))) if asked else list(BENCH_VARIANTS)
     known = set(list_attentions()) | {PROJECTIONS}
-    return [name for name in BENCH_VARIANTS if name in known]
+    return [name for name in names if name in known]
 
 
 def bench_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -352,6 +357,7 @@ def bench_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def run_bench(report: Report, profile: Profile) -> None:
+    """The speed sweep of `profile.bench_variants` (default: the targets' variants)."""
     settings = Settings(
         batch=1,
         dim=profile.bench_dim,
@@ -362,7 +368,7 @@ def run_bench(report: Report, profile: Profile) -> None:
         repeats=3,
         warmup=1,
     )
-    names = _bench_variants()
+    names = _bench_variants(profile.bench_variants)
     with _budget(report, "bench", profile.budgets["bench"]) as over:
         part = report.part("bench")
         meta = metadata(
@@ -486,10 +492,19 @@ def run_train(report: Report, profile: Profile) -> None:
 _RUNNERS = {"correctness": check_correctness, "flex": check_flex, "bench": run_bench, "train": run_train}
 
 
-def run_device_check(device: str, out: Path | str, parts: tuple[str, ...] = PARTS, scale: float = 1.0) -> dict:
-    """Run `parts` on `device` into `out`; `scale` multiplies every part's budget. Returns the results."""
+def run_device_check(
+    device: str,
+    out: Path | str,
+    parts: tuple[str, ...] = PARTS,
+    scale: float = 1.0,
+    bench_variants: tuple[str, ...] = (),
+) -> dict:
+    """Run `parts` on `device` into `out`; `scale` multiplies every part's budget; `bench_variants` replaces the
+    sweep's variants (softmax and projections always run). Returns the results."""
     profile = profile_for(device)
-    profile = Profile(**{**asdict(profile), "budgets": {k: v * scale for k, v in profile.budgets.items()}})
+    budgets = {k: v * scale for k, v in profile.budgets.items()}
+    profile = Profile(**{**asdict(profile), "budgets": budgets, "bench_variants": tuple(bench_variants)})
+    _bench_variants(profile.bench_variants)
     limit = torch._dynamo.config
     for key in ("recompile_limit", "cache_size_limit"):
         if hasattr(limit, key):

@@ -31,6 +31,7 @@ __all__ = [
     "num_rows",
     "poison_unwritten",
     "row_blocks",
+    "rows_per_block",
     "unwritten",
     "with_ones_into",
 ]
@@ -127,6 +128,19 @@ class SplitHeads(torch.autograd.Function):
             else:
                 packed[:, :, i] = grad.permute(0, 2, 1, 3)
         return packed.view(b, n, 3 * h * d), None
+
+
+# A GPU takes the whole sequence as one block up to this many bytes per workspace: the CPU's block sizes fit its
+# caches, and on a GPU each block is a dozen kernel launches (at 64K tokens, 33 blocks of `linear` cost 24 ms of
+# launches against SDPA's 68 ms; benchmarks/nvidia-h100-80gb-hbm3).
+_GPU_BLOCK_BYTES = 2**30
+
+
+def rows_per_block(n: int, row_bytes: int, cpu_block_bytes: int, device: torch.device) -> int:
+    """Rows of a blocked kernel's block: `cpu_block_bytes` of rows `row_bytes` wide on the CPU (at least 16), the
+    whole sequence on a GPU unless a workspace would pass `_GPU_BLOCK_BYTES`."""
+    budget = cpu_block_bytes if device.type == "cpu" else _GPU_BLOCK_BYTES
+    return min(n, max(16, budget // row_bytes))
 
 
 def row_blocks(n: int, block: int) -> list[slice]:

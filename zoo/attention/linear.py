@@ -29,6 +29,7 @@ from ._workspace import (
     normalise_into,
     num_rows,
     row_blocks,
+    rows_per_block,
     unwritten,
     with_ones_into,
 )
@@ -105,7 +106,7 @@ class _BlockedLinear(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None):
         b, h, n, r = q.shape
         d = v.shape[-1]
-        block = min(n, max(16, _BLOCK_BYTES // (b * h * max(r, d + 1) * q.element_size())))
+        block = rows_per_block(n, b * h * max(r, d + 1) * q.element_size(), _BLOCK_BYTES, q.device)
         features_ws, values_ws = _workspaces(q, block, d)
         keep = None if mask is None else mask[:, None, :]
         state = q.new_zeros(b * h, d + 1, r)

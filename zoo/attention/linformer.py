@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._registry import register_attention
-from ._workspace import first_order_only, unwritten
+from ._workspace import first_order_only, rows_per_block, unwritten
 from .softmax import softmax_attention
 
 __all__ = [
@@ -91,7 +91,7 @@ class _BlockedAttention(torch.autograd.Function):
         m, e = k.shape[-2], v.shape[-1]
         key_blocks = _key_blocks(m)
         wk = key_blocks[0].stop
-        wq = min(n, max(16, _BLOCK_BYTES // (b * h * wk * q.element_size())))
+        wq = rows_per_block(n, b * h * wk * q.element_size(), _BLOCK_BYTES, q.device)
         scores_ws = unwritten(q, (b * h * wq * wk,))
         drop = None if keep is None else ~keep[:, None, None, :]  # [b, 1, 1, m]
         floor = torch.finfo(q.dtype).min

@@ -34,6 +34,7 @@ from ._workspace import (
     normalise_into,
     num_rows,
     row_blocks,
+    rows_per_block,
     unwritten,
     with_ones_into,
 )
@@ -131,7 +132,7 @@ class _BlockedFavor(torch.autograd.Function):
         b, h, n, d = q.shape
         r = projection.shape[0]
         weight_t = (projection * d**-0.25).t()
-        block = min(n, max(16, _BLOCK_BYTES // (b * h * r * q.element_size())))
+        block = rows_per_block(n, b * h * r * q.element_size(), _BLOCK_BYTES, q.device)
         features_ws, values_ws = Workspace(q, b * h * block * r), Workspace(q, b * h * block * (d + 1))
         floor = eps / math.sqrt(r)
         keep = None if mask is None else mask[:, None, :]
