@@ -59,7 +59,6 @@ __all__ = [
     "replica_mismatches",
     "save_checkpoint",
     "shard_units",
-    "state_checksum",
     "sync_buffers",
     "whole_state",
 ]
@@ -220,7 +219,8 @@ def sync_buffers(model: nn.Module) -> None:
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for buffer in _persistent_buffers(model):
         groups.setdefault((buffer.device, buffer.dtype), []).append(buffer)
-    for (_, dtype), buffers in sorted(groups.items(), key=lambda item: str(item[0])):
+    # the same order on every process, whichever GPU it holds
+    for (_, dtype), buffers in sorted(groups.items(), key=lambda item: (item[0][0].type, str(item[0][1]))):
         flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
         # gloo and NCCL broadcast bytes, not booleans
         dist.broadcast(flat.view(torch.uint8) if dtype == torch.bool else flat, src=0)
@@ -239,16 +239,16 @@ def _digests(model: nn.Module) -> dict[str, str]:
     }
 
 
-def state_checksum(digests: dict[str, str]) -> str:
-    """One checksum of a whole state from its entries' digests (`replica_mismatches`)."""
+def _checksum(digests: dict[str, str]) -> str:
+    """One checksum of a whole state from its entries' digests."""
     return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
 
 
 def replica_mismatches(model: nn.Module) -> tuple[list[str], list[str]]:
-    """Every process's `state_checksum` of `model`, and the names of the state entries (weights, buffers) whose
+    """Every process's checksum of the whole state of `model`, and the names of the state entries (weights, buffers) whose
     values differ between the processes (empty: the replicas are identical). A collective: every process calls it
     and gets the same answer, so all of them raise together or none does."""
     digests = _digests(model)
     every = gather_object([digests])
     differ = [name for name in digests if len({process[name] for process in every}) > 1]
-    return [state_checksum(process) for process in every], differ
+    return [_checksum(process) for process in every], differ
