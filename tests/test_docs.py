@@ -15,6 +15,8 @@ A block with no marker runs, so a new block is tested as soon as it is written. 
 command (a trailing `\\` continues a line, `#` starts a comment; a `cd` does not carry over to the next line):
 `.venv/bin/python tools/X.py ...` runs in a child of tests/docs_runner.py (zoo imported once for all of them),
 anything else through bash. Python blocks run as a script in a child of the same runner. Network access is refused.
+A block may take 30 s of CPU (BLOCK_CPU); the whole file takes about 40 s of CPU (37 s user + 6 s sys, 59 s wall on
+the 2-core machine under a load of 4, November 2026).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ LANGUAGES = {"python": "python", "py": "python", "bash": "shell", "sh": "shell",
 MARKER = re.compile(r"<!--\s*docs-test:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
 TIMEOUT = 300
+# CPU seconds a block may take (its commands' processes, one thread each): the whole file stays near 40 s of CPU,
+# and a new block that trains at full size fails here with the way to shrink it rather than slow the suite
+BLOCK_CPU = 30.0
 # the quickstart recipe at test size: its run stands in for the 2-minute `make quickstart`
 QUICKSTART = (
     "data.train_samples=64 data.val_samples=32 data.test_samples=32 data.batch_size=16 data.eval_batch_size=32 "
@@ -124,6 +129,7 @@ class Runner:
     """tests/docs_runner.py: one request at a time, each in a forked child."""
 
     def __init__(self, log: Path):
+        self.cpu = 0.0  # CPU seconds of every child so far
         # one thread: the documented commands are tiny here, and OpenMP threads that spin while the machine is busy
         # with the rest of the suite cost 15 times the CPU (256 generated DNA tokens: 14 s instead of 0.9 s)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
@@ -146,6 +152,7 @@ class Runner:
         answer = json.loads(answer)
         with log.open("a") as handle:
             handle.write(f"docs-test: {answer['cpu']} s CPU\n")
+        self.cpu += answer["cpu"]
         return answer["rc"]
 
     def close(self) -> None:
@@ -255,7 +262,13 @@ def shell_commands(code: str) -> list[str]:
 def test_block_runs(block, runner, made, tmp_path):
     if block.skip:
         pytest.skip(block.skip)
+    start = runner.cpu
     run_block(block, workspace(tmp_path), runner, made)
+    cpu = runner.cpu - start
+    assert cpu <= BLOCK_CPU, (
+        f"{block.name} took {cpu:.1f} s of CPU (at most {BLOCK_CPU:.0f}): run it at CPU size with a marker above "
+        "it, e.g. <!-- docs-test: tools/train.py --set train.max_steps=1 data.train_samples=16 ... -->"
+    )
 
 
 def test_blocks_are_found():
