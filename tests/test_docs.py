@@ -133,11 +133,12 @@ class Runner:
         # one thread: the documented commands are tiny here, and OpenMP threads that spin while the machine is busy
         # with the rest of the suite cost 15 times the CPU (256 generated DNA tokens: 14 s instead of 0.9 s)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
+        self.errors = log.open("w")
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "docs_runner.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=log.open("w"),
+            stderr=self.errors,
             text=True,
             env=env,
         )
@@ -158,6 +159,7 @@ class Runner:
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=60)
+        self.errors.close()
 
 
 @pytest.fixture(scope="module")
