@@ -23,3 +23,11 @@ def no_network():
     _network_blocked = True
     yield
     _network_blocked = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Test ids must be the same in every process: pytest-xdist (as on a GPU machine) refuses a run whose workers
+    collect different ids, and an object's default repr (`<function <lambda> at 0x7f...>`) differs per process."""
+    unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
+    if unstable:
+        raise pytest.UsageError(f"test ids that hold a memory address (give the parametrize ids): {unstable[:3]}")
