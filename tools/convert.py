@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zoo.cli import run_cli
+from zoo.cli import add_overrides, run_cli
 from zoo.convert_run import convert_run
 from zoo.recipe import load_recipe
 
@@ -34,14 +34,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stage2-lr", type=float, default=1e-4, help="fine-tuning learning rate (1e-4)")
     parser.add_argument("--distill", type=float, default=0.5, help="weight of the teacher's logits in stage 2 (0.5)")
     parser.add_argument("--lora-rank", type=int, help="fine-tune low-rank adapters of this rank (needs peft)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override recipe values, e.g. --set data.options.canvas_size=96 model.attention.options.feature_dim=32",
+    add_overrides(
+        parser,
+        "override recipe values, e.g. --set data.options.canvas_size=96 model.attention.options.feature_dim=32",
     )
     parser.add_argument("--output", help="run directory (default: runs/<recipe name>_<attention>_<img size>)")
     return parser.parse_args()

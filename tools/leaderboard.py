@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from zoo.attention import list_attentions
-from zoo.cli import run_cli
+from zoo.cli import add_overrides, run_cli
 from zoo_bench.leaderboard import run_leaderboard
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.sweep import parse_options
@@ -51,14 +51,10 @@ def parse_args() -> argparse.Namespace:
         metavar="VARIANT.KEY=VALUE",
         help="an attention option of one variant, value read as YAML",
     )
-    parser.add_argument(
-        "--set",
+    add_overrides(
+        parser,
+        "a recipe override for every run (train.pretrain.objective=mlm, say); pass another --out",
         dest="sets",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a recipe override for every run (train.pretrain.objective=mlm, say); pass another --out",
     )
     parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/leaderboard/<task>)")

@@ -22,7 +22,7 @@ import sys
 
 import yaml
 
-from zoo.cli import run_cli
+from zoo.cli import add_overrides, run_cli
 from zoo.predict import format_of, predict, write_predictions
 from zoo.pretrained import CHECKPOINTS, load_model
 
@@ -39,14 +39,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)"
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="read the inputs with other data options, after the inputs: --set data.options.nan=mask "
+    add_overrides(
+        parser,
+        "read the inputs with other data options, after the inputs: --set data.options.nan=mask "
         "(series: nan, label_column)",
     )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of any error")

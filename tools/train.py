@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zoo.cli import log_to, run_cli
+from zoo.cli import add_overrides, log_to, run_cli
 from zoo.engine import Trainer, find_checkpoint
 from zoo.recipe import load_recipe
 
@@ -24,14 +24,9 @@ from zoo.recipe import load_recipe
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe", help="path of a recipe YAML file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override recipe values, e.g. --set train.epochs=3 model.attention.name=softmax",
+    add_overrides(
+        parser,
+        "override recipe values, e.g. --set train.epochs=3 model.attention.name=softmax",
     )
     parser.add_argument("--output", help="run directory (default: the recipe's output_dir, else runs/<name>)")
     parser.add_argument("--resume", action="store_true", help="continue from <run dir>/checkpoints/last")

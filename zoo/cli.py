@@ -13,6 +13,7 @@ the worker's traceback) are reported by their original message and type.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -23,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["USER_ERRORS", "log_to", "one_line", "run_cli"]
+__all__ = ["USER_ERRORS", "add_overrides", "log_to", "one_line", "run_cli"]
 
 # Errors that mean "the input or the machine is wrong", not "zoo is broken": shown as one line. ValueError covers
 # zoo's own (RecipeError, WeightsError, CheckpointError, ImageError, NonFiniteError); OSError a missing file, a
@@ -36,6 +37,11 @@ _WORKER_MARK = "Original Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*): (.*)$")
 
 _log_file: Path | None = None
+
+
+def add_overrides(parser: argparse.ArgumentParser, help: str, dest: str = "overrides") -> None:
+    """The tools' `--set KEY=VALUE ...` (repeatable, values read as YAML) into `args.<dest>`, a list."""
+    parser.add_argument("--set", dest=dest, nargs="+", action="extend", default=[], metavar="KEY=VALUE", help=help)
 
 
 def log_to(path: str | Path) -> Path:

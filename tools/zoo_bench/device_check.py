@@ -179,9 +179,32 @@ def _item(part: dict[str, Any], record: dict[str, Any], report: Report) -> None:
     report.save()
 
 
-def _skip_rest(part: dict[str, Any], names: list[str], done: int) -> None:
-    if names[done:]:
-        part["skipped_for_time"] = names[done:]
+def _run_items(
+    report: Report,
+    name: str,
+    profile: Profile,
+    items: list[str],
+    measure: Callable[[str], dict[str, Any]],
+    key: str = "variant",
+) -> dict[str, Any]:
+    """The part `name`: `measure(item)` for each item until the part's budget is spent (the rest listed as
+    skipped); an item that raises is recorded with its error, and the failed items are listed."""
+    with _budget(report, name, profile.budgets[name]) as over:
+        part = report.part(name)
+        for done, item in enumerate(items):
+            if over():
+                part["skipped_for_time"] = items[done:]
+                break
+            try:
+                record = measure(item)
+            except Exception as error:  # noqa: BLE001 - one item never ends the part
+                record = {key: item, "ok": False, **failure(error)}
+            gc.collect()
+            if profile.device == "cuda":
+                torch.cuda.empty_cache()
+            _item(part, record, report)
+        part["failed"] = [item[key] for item in part["items"] if not item["ok"]]
+    return part
 
 
 # ----- correctness: the device against the CPU in fp32
@@ -266,16 +289,15 @@ def _same_dtype_case(
 
 
 def check_correctness(report: Report, profile: Profile) -> None:
-    names = list_attentions()
-    with _budget(report, "correctness", profile.budgets["correctness"]) as over:
-        part = report.part("correctness")
-        part["tolerance"] = TOLERANCE
-        for done, name in enumerate(names):
-            if over():
-                _skip_rest(part, names, done)
-                break
-            _item(part, _variant_record(name, torch.device(profile.device), profile.correctness_length), report)
-        part["failed"] = [item["variant"] for item in part["items"] if not item["ok"]]
+    device = torch.device(profile.device)
+    part = _run_items(
+        report,
+        "correctness",
+        profile,
+        list_attentions(),
+        lambda name: _variant_record(name, device, profile.correctness_length),
+    )
+    part["tolerance"] = TOLERANCE
 
 
 # ----- flex: the compiled FlexAttention path against the torch path on the device
@@ -339,18 +361,8 @@ def _sync(device: torch.device) -> None:
 
 def check_flex(report: Report, profile: Profile) -> None:
     names = [name for name in list_attentions() if "backend" in attention_options(name)]
-    with _budget(report, "flex", profile.budgets["flex"]) as over:
-        part = report.part("flex")
-        for done, name in enumerate(names):
-            if over():
-                _skip_rest(part, names, done)
-                break
-            try:
-                record = _flex_record(name, torch.device(profile.device), profile.flex_length)
-            except Exception as error:  # noqa: BLE001
-                record = {"variant": name, "ok": False, **failure(error)}
-            _item(part, record, report)
-        part["failed"] = [item["variant"] for item in part["items"] if not item["ok"]]
+    device = torch.device(profile.device)
+    _run_items(report, "flex", profile, names, lambda name: _flex_record(name, device, profile.flex_length))
 
 
 # ----- bench: the speed sweep, in this process (CUDA's peak memory resets per phase)
@@ -407,7 +419,7 @@ def run_bench(report: Report, profile: Profile) -> None:
         part["report"] = "results.md"
         for done, name in enumerate(names):
             if over():
-                _skip_rest(part, names, done)
+                part["skipped_for_time"] = names[done:]
                 break
             for length in _bench_lengths(name, profile.bench_lengths):
                 config = single_config(name, length, settings, budget_s=BENCH_SECONDS)
@@ -485,27 +497,17 @@ def _train_record(recipe_path: str, overrides: tuple[str, ...], steps: tuple[int
 
 
 def run_train(report: Report, profile: Profile) -> None:
-    names = list(profile.train_runs)
-    with _budget(report, "train", profile.budgets["train"]) as over:
-        part = report.part("train")
-        for done, name in enumerate(names):
-            if over():
-                _skip_rest(part, names, done)
-                break
-            recipe, overrides = profile.train_runs[name]
-            try:
-                record = {"run": name, "status": "ok", **_train_record(recipe, overrides, profile.train_steps)}
-            except Exception as error:  # noqa: BLE001
-                record = {"run": name, **failure(error)}
-            gc.collect()
-            if profile.device == "cuda":
-                torch.cuda.empty_cache()
-            _item(part, record, report)
-        rates = {item["run"]: item.get("samples_per_s") for item in part["items"]}
-        part["ratios"] = {
-            title: round(rates[a] / rates[b], 2) if rates.get(a) and rates.get(b) else None
-            for title, a, b in profile.ratios
-        }
+    def train(name: str) -> dict[str, Any]:
+        recipe, overrides = profile.train_runs[name]
+        return {"run": name, "status": "ok", "ok": True, **_train_record(recipe, overrides, profile.train_steps)}
+
+    part = _run_items(report, "train", profile, list(profile.train_runs), train, key="run")
+    rates = {item["run"]: item.get("samples_per_s") for item in part["items"]}
+    part["ratios"] = {
+        title: round(rates[a] / rates[b], 2) if rates.get(a) and rates.get(b) else None
+        for title, a, b in profile.ratios
+    }
+    report.save()
 
 
 # ----- the whole check
