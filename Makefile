@@ -88,6 +88,10 @@ device-check:
 	PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
 		--budget-scale $(DEVICE_SCALE)
 
+# docs/cards.md, one card per variant, from the committed results (tools/cards.py); run it after any benchmark.
+cards: $(STAMP)
+	PYTHONPATH=tools $(PY) tools/cards.py
+
 # The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
 # recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
 # each efficient attention at 4x the tokens, against the same students trained from scratch.

@@ -1,0 +1,25 @@
+#!/usr/bin/env python
+"""Write docs/cards.md, one card per registered attention variant, from the committed results
+(tools/zoo_bench/cards.py): recall, ListOps, high-resolution images, conversion, CPU and GPU cost, GPU correctness.
+
+    tools/cards.py                  # after any benchmark, leaderboard or sweep wrote new results
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from zoo.cli import run_cli
+from zoo_bench.cards import write_cards
+from zoo_bench.machine import REPO_ROOT, shown_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(REPO_ROOT / "docs" / "cards.md"), help="default: docs/cards.md")
+    args = parser.parse_args()
+    print(f"wrote {shown_path(write_cards(args.out))}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,329 @@
+"""One card per registered attention variant: `docs/cards.md`, generated from the committed results alone.
+
+Each column is one capability read from one committed JSON file (`COLUMNS`: a title, the file, the report it
+links to, and a function from the loaded file and a variant to a `Fact`); a variant the file does not cover reads
+"not measured", one that failed there its failure. The "pick this when" line of a card is derived from the facts by
+`RULES`, each a threshold stated in the page, never written by hand. `tools/cards.py` regenerates the page; the
+suite checks that the committed page is what the committed results give, and that every registered variant has a
+row.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from zoo.attention import list_attentions
+
+from .machine import REPO_ROOT
+
+__all__ = ["COLUMNS", "RULES", "Column", "Fact", "cards_markdown", "write_cards"]
+
+GPU_DIR = "benchmarks/nvidia-h100-80gb-hbm3"
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A cell: its text, and the number the rules read (None where there is none)."""
+
+    text: str
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    sources: tuple[str, ...]  # JSON files under the repository root, merged in order (a later file wins)
+    link: str  # the report the cell links to
+    what: str  # what the number is, for the page's legend
+    cell: Callable[[list[dict[str, Any]], str], Fact | None]
+
+
+@cache
+def _load(path: str) -> dict[str, Any] | None:
+    file = REPO_ROOT / path
+    return json.loads(file.read_text()) if file.exists() else None
+
+
+def _mean(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# ----- the cells
+
+
+def _recall(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """MQAR test accuracy of the variant's best configuration (label) at the longest length it ran, mean over seeds."""
+    cells: dict[tuple[int, int, str], list[float]] = defaultdict(list)
+    failures = []
+    for record in (r for d in data for r in d["records"] if r["variant"] == name):
+        if record["status"] != "ok":
+            failures.append(record["status"])
+            continue
+        cells[record["length"], record["width"], record.get("label", name)].append(record["test"]["top1"])
+    if not cells:
+        return Fact(f"failed ({failures[0]})") if failures else None
+    longest = max(length for length, _, _ in cells)
+    (length, width, label), scores = max(
+        ((key, scores) for key, scores in cells.items() if key[0] == longest), key=lambda item: _mean(item[1])[0]
+    )
+    mean, _ = _mean(scores)
+    shown = "" if label == name else f" {label}"
+    return Fact(f"{mean:.3f} at L={length}, d={width}{shown}", mean)
+
+
+def _listops(data: list[dict[str, Any]], name: str) -> Fact | None:
+    for row in (r for d in data for r in d["summary"] if r["variant"] == name):
+        if not row["finished"]:
+            return Fact(f"failed ({'; '.join(row['failures'])[:60]})")
+        return Fact(f"{row['score']:.1f} ± {row['spread']:.1f}", row["score"])
+    return None
+
+
+def _highres(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Top-1 at 256 px (mean over seeds) of the plain layout, and its step at 2048 px."""
+    for results in data:
+        scores = [r["test"]["top1"] for r in results["runs"] if r["layout"] == name and r["status"] == "ok"]
+        if scores:
+            mean, spread = _mean(scores)
+            step = results["steps"].get(name, {}).get("step_s")
+            at_2048 = f", {step:.1f} s/step at 2048 px" if step else ""
+            return Fact(f"{100 * mean:.1f} ± {100 * spread:.1f}{at_2048}", 100 * mean)
+    return None
+
+
+def _conversion(data: list[dict[str, Any]], name: str) -> Fact | None:
+    for results in data:
+        for row in (r for r in results["rows"] if r["variant"] == name):
+            teacher = results["teacher"]["top1_at_target"]
+            text = f"{100 * row['stage2']:.1f} (teacher {100 * teacher:.1f}, scratch {100 * row['scratch']:.1f})"
+            return Fact(text, 100 * (row["stage2"] - teacher))
+    return None
+
+
+def _records(data: list[dict[str, Any]], name: str) -> dict[int, dict[str, Any]]:
+    """length -> the variant's record, a later file's winning."""
+    return {r["length"]: r for d in data for r in d["records"] if r["variant"] == name}
+
+
+def _cpu_time(data: list[dict[str, Any]], name: str) -> Fact | None:
+    by_length = _records(data, name)
+    if not by_length:
+        return None
+    cells = [_timed(by_length.get(n)) for n in (16384, 65536)]
+    summary = next((d["summary"][name] for d in reversed(data) if name in d["summary"]), {})
+    crossover = summary.get("crossover")
+    # a quadratic variant that edges out softmax at some length is no long-sequence choice: slope >= 1.5
+    linear_ish = (summary.get("slope") or 2.0) < 1.5
+    value = crossover.get("length") if crossover and linear_ish else None
+    tail = f"; faster than softmax from {crossover['text']}" if crossover and name != "softmax" else ""
+    return Fact(f"{cells[0]} / {cells[1]}{tail}", value)
+
+
+def _timed(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "-"
+    if record["status"] != "ok":
+        return record["status"]
+    return f"{record['fwd_bwd_s']:.3g} s, {record['peak_mib'] / 1024:.2g} GiB"
+
+
+def _error(data: list[dict[str, Any]], name: str) -> Fact | None:
+    record = _records(data, name).get(16384)
+    if record is None or record.get("rel_error") is None:
+        return None
+    return Fact(f"{record['rel_error']:.2g}", record["rel_error"])
+
+
+def _gpu_speed(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Speedup over SDPA at 64K (each file's own softmax baseline), fwd+bwd in bf16."""
+    for results in reversed(data):
+        mine = _records([results], name).get(65536)
+        base = _records([results], "softmax").get(65536)
+        if mine and base and mine["status"] == base["status"] == "ok":
+            x = base["fwd_bwd_s"] / mine["fwd_bwd_s"]
+            return Fact(f"{x:.1f}x ({1000 * mine['fwd_bwd_s']:.3g} ms)", x)
+        if mine:
+            return Fact(mine["status"])
+    return None
+
+
+def _gpu_correct(data: list[dict[str, Any]], name: str) -> Fact | None:
+    for results in reversed(data):
+        for item in results["parts"].get("correctness", {}).get("items", []):
+            if item["variant"] == name:
+                worst = max((c.get(k) or 0.0) for c in item["cases"] if c["dtype"] == "bf16" for k in ("out", "grad_x"))
+                return Fact(("yes" if item["ok"] else "**no**") + f" (bf16 {worst:.1e})", float(item["ok"]))
+    return None
+
+
+COLUMNS = (
+    Column(
+        "recall (MQAR)",
+        ("benchmarks/cpu/recall.json",),
+        "benchmarks/cpu/recall.md",
+        "MQAR test accuracy on the query positions, the best configuration at the longest length run, 2-layer "
+        "1-D model, 600 CPU steps",
+        _recall,
+    ),
+    Column(
+        "ListOps",
+        ("benchmarks/cpu/leaderboard_lra_listops_quick.json",),
+        "benchmarks/cpu/leaderboard_lra_listops_quick.md",
+        "`lra_listops_quick` test top-1 %, mean ± std over 2 seeds, 600 steps (majority class: about 15)",
+        _listops,
+    ),
+    Column(
+        "high-res images",
+        ("benchmarks/cpu/highres.json",),
+        "benchmarks/cpu/highres.md",
+        "`highres_quick` (256 px, MegaMNIST) test top-1 %, mean ± std over 2 seeds, 400 steps; one training "
+        "step at 2048 px (16K tokens) on one CPU thread",
+        _highres,
+    ),
+    Column(
+        "converting a softmax ViT",
+        ("benchmarks/cpu/conversion.json",),
+        "benchmarks/cpu/conversion.md",
+        "top-1 % of the softmax teacher converted to the variant at 4x the tokens, against the teacher there and "
+        "the same student trained from scratch",
+        _conversion,
+    ),
+    Column(
+        "CPU time and memory at 16K / 64K",
+        ("benchmarks/cpu/results.json",),
+        "benchmarks/cpu/results.md",
+        "one layer (dim 512, 8 heads), fp32, forward + backward on 2 threads of an AMD EPYC: time, peak resident "
+        "memory; the length from which it beats softmax",
+        _cpu_time,
+    ),
+    Column(
+        "error vs exact at 16K",
+        ("benchmarks/cpu/results.json",),
+        "benchmarks/cpu/results.md",
+        "||out - exact|| / ||exact|| against softmax with the same weights, 256 sampled rows, at 16K tokens",
+        _error,
+    ),
+    Column(
+        "GPU speed at 64K",
+        (f"{GPU_DIR}/results.json", f"{GPU_DIR}/one_block/results.json"),
+        f"{GPU_DIR}/results.md",
+        "one layer (dim 512, 8 heads), bf16, forward + backward on an H100: softmax's (SDPA flash) time over the "
+        "variant's, and its own time",
+        _gpu_speed,
+    ),
+    Column(
+        "correct on CUDA",
+        (f"{GPU_DIR}/device_check.json", f"{GPU_DIR}/one_block/device_check.json"),
+        f"{GPU_DIR}/device_check.md",
+        "forward and backward on an H100 in fp32 and bf16 within tolerance of the CPU fp32 reference (worst bf16 "
+        "error of output and input gradient)",
+        _gpu_correct,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    column: str
+    holds: Callable[[float], bool]
+    says: Callable[[float], str]
+    threshold: str  # the rule as the page states it
+
+
+RULES = (
+    Rule(
+        "error vs exact at 16K",
+        lambda e: e <= 1e-2,
+        lambda e: "exact attention: the reference, and the choice below the others' crossovers",
+        "<= 0.01",
+    ),
+    Rule("GPU speed at 64K", lambda x: x >= 10, lambda x: f"long sequences on a GPU ({x:.0f}x SDPA at 64K)", ">= 10x"),
+    Rule(
+        "CPU time and memory at 16K / 64K",
+        lambda n: n <= 4096,
+        lambda n: f"long sequences on a CPU (beats softmax from about {n:,.0f} tokens)",
+        "faster than softmax from <= 4K tokens, time growing slower than N^1.5",
+    ),
+    Rule("recall (MQAR)", lambda a: a >= 0.9, lambda a: f"tasks that recall tokens (MQAR {a:.2f})", ">= 0.9"),
+    Rule("recall (MQAR)", lambda a: a < 0.5, lambda a: f"not for recall (MQAR {a:.2f})", "< 0.5"),
+    Rule("ListOps", lambda s: s >= 32.0, lambda s: f"long-range classification (ListOps {s:.1f})", ">= 32 %"),
+    Rule("ListOps", lambda s: s < 20.0, lambda s: f"did not learn ListOps in 600 steps ({s:.1f})", "< 20 %"),
+    Rule(
+        "high-res images",
+        lambda s: s >= 20.0,
+        lambda s: f"2-D images at high resolution (top-1 {s:.1f} at 256 px)",
+        ">= 20 % (chance 10)",
+    ),
+    Rule(
+        "high-res images",
+        lambda s: s < 12.0,
+        lambda s: f"not for 2-D images at this budget (top-1 {s:.1f} at 256 px, chance 10)",
+        "< 12 %",
+    ),
+    Rule(
+        "converting a softmax ViT",
+        lambda d: d >= -5.0,
+        lambda d: f"converting a trained softmax ViT ({d:+.1f} points against it)",
+        "within 5 points of the teacher",
+    ),
+)
+
+
+def _facts(name: str) -> dict[str, Fact | None]:
+    facts = {}
+    for column in COLUMNS:
+        data = [loaded for loaded in map(_load, column.sources) if loaded is not None]
+        facts[column.title] = column.cell(data, name) if data else None
+    return facts
+
+
+def pick_this_when(name: str, facts: dict[str, Fact | None]) -> str:
+    """The variant's strengths (and the measured limits) as the rules read its facts."""
+    said = []
+    for rule in RULES:
+        fact = facts.get(rule.column)
+        if fact is not None and fact.value is not None and rule.holds(fact.value):
+            said.append(rule.says(fact.value))
+    return "; ".join(said) if said else "no measured strength yet"
+
+
+def cards_markdown() -> str:
+    names = list_attentions()
+    facts = {name: _facts(name) for name in names}
+    header = ["variant", *(f"[{c.title}](../{c.link})" for c in COLUMNS)]
+    lines = [
+        "# One card per attention variant",
+        "",
+        (
+            "Generated by `tools/cards.py` from the committed results (do not edit by hand): one row per registered "
+            "variant, one column per capability, each linked to the table it comes from. `not measured`: the table "
+            "has no row for the variant; a failure reads as such."
+        ),
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for name in names:
+        cells = [(facts[name][c.title] or Fact("not measured")).text for c in COLUMNS]
+        lines.append("| " + " | ".join([f"`{name}`", *cells]) + " |")
+    lines += ["", "## Pick this when", ""]
+    lines += [f"- `{name}`: {pick_this_when(name, facts[name])}." for name in names]
+    lines += ["", "## The columns", ""]
+    lines += [f"- **{c.title}** ([{c.link}](../{c.link})): {c.what}." for c in COLUMNS]
+    lines += ["", "## The rules behind “pick this when”", ""]
+    lines += [f"- {rule.column} {rule.threshold}." for rule in RULES]
+    return "\n".join(lines) + "\n"
+
+
+def write_cards(path: Path | str = REPO_ROOT / "docs" / "cards.md") -> Path:
+    _load.cache_clear()
+    path = Path(path)
+    path.write_text(cards_markdown())
+    return path
