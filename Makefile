@@ -29,7 +29,7 @@ data-deps: $(STAMP)
 	$(PY) zoo/data/debian.py $(DEBIAN_DATA)
 
 test: $(STAMP) data-deps
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 # The suite under another torch, e.g. `make test-torch TORCH=2.11.0`: its own .venv-torch<version> (git-ignored)
 # with that torch, the torchvision of its release (0.<minor + 15>.*; TORCHVISION=... where none is published yet)

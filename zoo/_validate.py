@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["check_bool", "check_int", "did_you_mean", "unknown_name"]
+__all__ = ["check_bool", "check_int", "did_you_mean", "first_line", "unknown_name"]
 
 
 def did_you_mean(name: object, choices: Iterable[object], n: int = 3) -> str:
@@ -42,3 +42,12 @@ def _range(minimum: int | None, maximum: int | None) -> str:
     if minimum is not None:
         return f" >= {minimum}"
     return f" <= {maximum}" if maximum is not None else ""
+
+
+def first_line(error: BaseException, default: str | None = None) -> str:
+    """The first line of `error`'s message: what a one-line error quotes of an error it wraps. An empty message
+    gives `default`, else the error's type name."""
+    text = str(error).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(error).__name__ if default is None else default

@@ -21,6 +21,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from ._validate import first_line
+
 __all__ = ["WEIGHTS_NAME", "WeightsError", "check_state_dict", "read_weights"]
 
 WEIGHTS_NAME = "model.safetensors"
@@ -119,7 +121,7 @@ def _read_safetensors(path: Path, head: bytes) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except SafetensorError as error:
-        raise WeightsError(f"{path}: corrupt safetensors file: {_first_line(error)}") from None
+        raise WeightsError(f"{path}: corrupt safetensors file: {first_line(error)}") from None
 
 
 def _read_torch(path: Path) -> Any:
@@ -138,7 +140,7 @@ def _read_torch(path: Path) -> Any:
             "reads weights only: re-save the state dict with safetensors or torch.save(model.state_dict())"
         ) from None
     except (RuntimeError, EOFError, ValueError, OSError) as error:
-        raise WeightsError(f"{path}: truncated or corrupt torch checkpoint: {_first_line(error)}") from None
+        raise WeightsError(f"{path}: truncated or corrupt torch checkpoint: {first_line(error)}") from None
 
 
 def _unwrap(state: Any, path: Path) -> dict[str, torch.Tensor]:
@@ -162,11 +164,6 @@ def _unwrap(state: Any, path: Path) -> dict[str, torch.Tensor]:
         if all(key.startswith(prefix) for key in state):
             state = {key.removeprefix(prefix): value for key, value in state.items()}
     return state
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_state_dict(

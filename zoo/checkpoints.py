@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._weights import WEIGHTS_NAME
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -45,7 +47,6 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
-WEIGHTS_NAME = "model.safetensors"
 _LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 _FORMAT = 1
 # Recipe keys under `model` that change neither the weights' shapes nor what they compute: a checkpoint may be

@@ -24,6 +24,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from ._validate import first_line
+
 __all__ = ["USER_ERRORS", "add_overrides", "log_to", "one_line", "run_cli"]
 
 # Errors that mean "the input or the machine is wrong", not "zoo is broken": shown as one line. ValueError covers
@@ -70,7 +72,7 @@ def one_line(error: BaseException) -> str:
             text = found[1].strip()
     if isinstance(error, KeyError) and text.startswith(("'", '"')):
         text = text[1:-1]
-    return text.splitlines()[0] if text else type(error).__name__
+    return first_line(ValueError(text), type(error).__name__)
 
 
 def _worker_error(text: str) -> tuple[str, str] | None:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from ._validate import first_line
 from .attention import on_optimizer_step
 from .attention._registry import auxiliary_loss
 from .checkpoints import (
@@ -365,8 +366,7 @@ class Trainer:
         try:
             self.accelerator.load_state(str(checkpoint))
         except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CheckpointError(f"{checkpoint}: cannot load the training state: {first}") from error
+            raise CheckpointError(f"{checkpoint}: cannot load the training state: {first_line(error)}") from error
         if self.recipe.train.pretrain is not None and not self.state.pretrained:
             raise CheckpointError(f"{checkpoint} was trained without train.pretrain, which the recipe asks for")
         self.accelerator.print(f"resumed from {checkpoint} at step {self.state.step}, epoch {self.state.epoch}")

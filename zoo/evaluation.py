@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import Dataset
 
+from ._weights import WEIGHTS_NAME
 from .checkpoints import check_recipe, fill_tied_weights, find_checkpoint, usable_checkpoint, verify_checkpoint
 from .engine import build_loader, build_split, evaluate, resolve_mixed_precision
 from .model_kinds import get_model_kind
@@ -58,7 +59,7 @@ def resolve_weights(run_dir: Path, checkpoint: str, recipe: Recipe | None = None
             if recipe is not None:
                 check_recipe(manifest, recipe, path, recipe_source)
     if path.is_dir():
-        path = path / "model.safetensors"
+        path = path / WEIGHTS_NAME
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint weights {path} do not exist")
     return path

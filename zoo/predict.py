@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ._validate import check_int
+from ._validate import check_int, first_line
 from .data.fasta import _is_fasta
 from .data.images import ImageError, open_image
 from .data.nucleotides import DNATokenizer, read_fasta
@@ -287,7 +287,7 @@ def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], resu
         try:
             records = read_fasta(path)
         except (OSError, ValueError, EOFError) as error:
-            _skip(result, path, _first_line(error))
+            _skip(result, path, first_line(error))
             continue
         empty = [name for name, codes in records if not len(codes)]
         if empty:
@@ -302,11 +302,6 @@ def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], resu
     return items
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _read_series(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> list[Item]:
     """Each series as `(values [n, c], mask [n])`: the rows of a CSV file or the cases of a .ts file; for a
     forecast, the last look-back of a CSV file with one row per time step."""
@@ -317,7 +312,7 @@ def _read_series(model: nn.Module, description: dict, paths: Sequence[Path], res
             # every row read before any is kept: a file is predicted whole or skipped whole
             items.extend(list(read(path, description["inputs"])))
         except (OSError, ValueError) as error:
-            _skip(result, path, _first_line(error))
+            _skip(result, path, first_line(error))
     return items
 
 

@@ -28,8 +28,8 @@ from safetensors.torch import save_model
 from timm.models import PretrainedCfg
 from torch import nn
 
-from ._validate import unknown_name
-from ._weights import WEIGHTS_NAME, WeightsError, _first_line, check_state_dict, read_weights
+from ._validate import first_line, unknown_name
+from ._weights import WEIGHTS_NAME, WeightsError, check_state_dict, read_weights
 from .checkpoints import check_recipe, find_checkpoint, verify_checkpoint
 from .runs import MODEL_FILE, RECIPE_FILE, SplitSizes, describe_model, read_description
 
@@ -401,7 +401,7 @@ def _from_hub(repo: str) -> tuple[Path, Path]:
             Path(hf_hub_download(repo_id, name, revision=revision or None)) for name in (CONFIG_NAME, WEIGHTS_NAME)
         ]
     except (EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as error:
-        reason = "offline (HF_HUB_OFFLINE=1) and not in the cache" if is_offline_mode() else _first_line(error)
+        reason = "offline (HF_HUB_OFFLINE=1) and not in the cache" if is_offline_mode() else first_line(error)
         raise FileNotFoundError(
             f"could not fetch hf-hub:{repo} from the Hugging Face hub: {reason}. Download the folder where there is a "
             f"network (huggingface-cli download {repo_id} --local-dir DIR) and load it with zoo.load_model(DIR)"
@@ -433,5 +433,5 @@ def push_to_hub(
             repo = api.create_repo(repo_id, private=private, exist_ok=True)
             api.upload_folder(repo_id=repo.repo_id, folder_path=folder, commit_message=commit_message)
         except (HfHubHTTPError, OfflineModeIsEnabled) as error:
-            raise ConnectionError(f"could not push to {repo_id!r}: {_first_line(error)}") from None
+            raise ConnectionError(f"could not push to {repo_id!r}: {first_line(error)}") from None
     return str(repo)

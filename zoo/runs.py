@@ -28,6 +28,7 @@ from safetensors.torch import save_model
 from torch import nn
 from torch.utils.data import Dataset
 
+from ._weights import WEIGHTS_NAME
 from .checkpoints import model_identity, replace_dir, write_manifest
 from .model_kinds import sequence_length
 from .tasks import Task
@@ -207,7 +208,7 @@ def write_run(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     # save_model, not save_file: it stores tied weights once, as accelerate's checkpoints do
-    save_model(model, str(tmp / "model.safetensors"))
+    save_model(model, str(tmp / WEIGHTS_NAME))
     (tmp / "meta.json").write_text(json.dumps(dict(state)))
     copy_run_files(run_dir, tmp)
     write_manifest(tmp, model=model_identity(recipe), state=state)

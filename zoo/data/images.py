@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from .._validate import unknown_name
+from .._validate import first_line, unknown_name
 
 __all__ = ["MODES", "ImageError", "open_image"]
 
@@ -62,7 +62,7 @@ def open_image(path: str | Path, mode: str = "RGB") -> Image.Image:
 
 
 def _reason(error: Exception) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = first_line(error, "")
     if isinstance(error, Image.UnidentifiedImageError):
         return "not an image file PIL can read"
     if isinstance(error, Image.DecompressionBombError):

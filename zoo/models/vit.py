@@ -39,7 +39,7 @@ from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
 from torch import nn
 
-from .._validate import unknown_name
+from .._validate import first_line, unknown_name
 from .._weights import WeightsError, check_state_dict, read_weights
 from ..attention import attention_class, get_attention
 from ..attention._common import TIMM_ATTENTION_KEYS
@@ -292,7 +292,7 @@ def _hub_failure(variant: str, error: Exception) -> str:
     elif isinstance(error, EntryNotFoundError):
         reason = "the hub is not reachable and the checkpoint is not cached (set HF_HUB_OFFLINE=1 to skip the retries)"
     else:
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
+        reason = f"{type(error).__name__}: {first_line(error, 'no message')}"
     return (
         f"could not fetch pretrained weights for {variant!r} from the Hugging Face hub: {reason}. Download the timm "
         f"checkpoint elsewhere and pass it as a file: zoo.create_model(..., pretrained_file='model.safetensors'), "
@@ -340,7 +340,7 @@ def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, sour
     except Exception as error:  # noqa: BLE001 - re-raised below as a WeightsError naming the file
         # timm's filter fails in many ways on weights of another shape or layout: the check names what differs
         check_state_dict(model, state, source, adapt=True)
-        raise WeightsError(f"{source}: timm's ViT conversion failed: {str(error).splitlines()[0]}") from None
+        raise WeightsError(f"{source}: timm's ViT conversion failed: {first_line(error)}") from None
     check_state_dict(model, fitted, source, adapt=True)
     conv = "patch_embed.proj.weight"
     if conv in state and conv in fitted and state[conv].shape[-2:] != fitted[conv].shape[-2:]:
