@@ -59,17 +59,28 @@ def test_is_causal_and_masked_positions_never_leak():
     assert not torch.allclose(conv(changed)[0, 11], conv(x)[0, 11])
 
 
-def test_starts_as_the_identity_and_learns():
+def test_starts_bound_to_the_previous_token_and_learns():
+    x = torch.randn(B, N, C)
+    shifted = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+    torch.testing.assert_close(ShortConv(C, 3)(x), x + shifted)
+    torch.testing.assert_close(ShortConv(C, 1)(x), x)
     torch.manual_seed(0)
     plain, with_conv = Block(C, 2), Block(C, 2, short_conv=3)
     missing, unexpected = with_conv.load_state_dict(plain.state_dict(), strict=False)
     assert sorted(missing) == ["short_conv.conv.bias", "short_conv.conv.weight"] and not unexpected
-    x = torch.randn(B, N, C)
-    torch.testing.assert_close(with_conv(x), plain(x))
     with_conv(x).square().sum().backward()
     assert with_conv.short_conv.conv.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="short_conv=-1"):
         Block(C, 2, short_conv=-1)
+
+
+def test_timms_initialisation_keeps_the_start():
+    # timm's init_weights_vit_timm resets every Conv1d it meets: the backbone must end with the documented start
+    model = create_sequence_model("token_classification", input="tokens", num_classes=5, dim=C, depth=2, short_conv=3)
+    for block in model.backbone.blocks:
+        expected = torch.zeros(C, 1, 3)
+        expected[:, 0, 1:] = 1.0
+        torch.testing.assert_close(block.short_conv.conv.weight.detach(), expected)
 
 
 @pytest.mark.parametrize("task", ["token_classification", "causal_token_classification"])

@@ -75,16 +75,26 @@ class ShortConv(nn.Module):
 
     Causal whatever the attention is, so a causal model stays causal and padding at the end never reaches a kept
     token; positions a `[b, n]` keep mask drops are zeroed first, so they do not reach their neighbours either.
-    Initialised to the identity (the last tap 1, the others 0), so a model starts as it would without it.
+
+    Initialised to `x_i + x_{i-1}` (the last two taps 1, bias 0): every token starts bound to the one before it,
+    the one-token shift with which the issue's small models first learned MQAR. The start matters for the
+    linear-cost variants: on `recall_mqar_quick` (600 steps, seed 0) `linear` reached 0.07 accuracy from PyTorch's
+    random start and from the identity, and far more from this one (benchmarks/cpu/recall.md). timm's ViT
+    initialisation resets every `Conv1d` it meets and then calls `init_weights`, which puts this start back.
     """
 
     def __init__(self, dim: int, kernel_size: int = 3) -> None:
         super().__init__()
         self.kernel_size = check_int("short_conv", kernel_size, minimum=1)
         self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim, padding=0)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """`x_i + x_{i-1}`: the last tap and the one before it 1 (the last alone for one tap), the others and the
+        bias 0."""
         with torch.no_grad():
             self.conv.weight.zero_()
-            self.conv.weight[:, 0, -1] = 1.0
+            self.conv.weight[:, 0, -2:] = 1.0
             self.conv.bias.zero_()
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:

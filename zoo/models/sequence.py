@@ -281,7 +281,7 @@ def load_vit_weights(backbone: SequenceTransformer, state: dict[str, Tensor]) ->
     wanted = [k for k in own if k.startswith(("blocks.", "norm."))]
     taken = {k: v for k, v in state.items() if k.startswith(("blocks.", "norm.")) or (k == "cls_token" and k in own)}
     unexpected = [k for k in taken if k not in own]
-    # an image ViT has no short convolution: it starts as the identity, as in a model trained from scratch
+    # an image ViT has no short convolution: it keeps its initial x_i + x_{i-1}, as in a model trained from scratch
     missing = [k for k in wanted if k not in taken and not (_is_attention_extra(k) or ".short_conv." in k)]
     if k := next((k for k in taken if k in own and taken[k].shape != own[k].shape), None):
         raise ValueError(f"ViT weight {k} has shape {tuple(taken[k].shape)}, the backbone {tuple(own[k].shape)}")
