@@ -34,7 +34,8 @@ test: $(STAMP) data-deps
 # The suite under another torch, e.g. `make test-torch TORCH=2.11.0`: its own .venv-torch<version> (git-ignored)
 # with that torch, the torchvision of its release (0.<minor + 15>.*; TORCHVISION=... where none is published yet)
 # and zoo. A multi-GB download from PyPI, so CI never runs it. PIP_CONFIG_FILE=/dev/null: a pip configuration that
-# caps torch for the main .venv (a constraints file) does not bind these environments.
+# caps torch for the main .venv (a constraints file) does not bind these environments. VENV: a test that calls make
+# (device-check) runs this environment's Python too, not .venv's.
 TORCH ?=
 TORCHVISION ?= $(if $(TORCH),0.$(shell expr $(word 2,$(subst ., ,$(TORCH))) + 15).*)
 TORCH_VENV := .venv-torch$(TORCH)
@@ -50,7 +51,7 @@ $(TORCH_VENV)/.zoo-installed: pyproject.toml
 test-torch: $(TORCH_VENV)/.zoo-installed
 	$(TORCH_VENV)/bin/python zoo/data/debian.py $(DEBIAN_DATA)
 	$(TORCH_VENV)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	$(TORCH_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	VENV=$(TORCH_VENV) $(TORCH_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 # The peer packages (PEERS in tools/zoo_bench/peers.py) are comparators only, installed for the sweeps, never
 # dependencies of zoo; every sweep times them at the speed targets' settings (Nystrom with their 256 landmarks).
