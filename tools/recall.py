@@ -13,6 +13,7 @@ tools/eval.py in fresh processes; a failed run gets its record with the reason. 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from zoo.cli import run_cli
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.recall import DEFAULT_LENGTHS, DEFAULT_LRS, DEFAULT_VARIANTS, DEFAULT_WIDTHS, run_recall
+from zoo_bench.recall_report import write_report
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,6 +46,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default: %(default)s)")
     parser.add_argument("--retry-failed", action="store_true", help="run the saved sweep's failed runs again")
     parser.add_argument(
+        "--report-only", action="store_true", help="rewrite recall.md and recall.png from the saved recall.json"
+    )
+    parser.add_argument(
         "--jobs", type=int, default=1, help="runs at once (default: %(default)s; more only where cores are idle)"
     )
     return parser.parse_args()
@@ -52,6 +57,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     out = Path(args.out) if args.out else Path("benchmarks") / device_slug(default_device())
+    if args.report_only:
+        if not (out / "recall.json").is_file():
+            raise FileNotFoundError(f"--report-only needs a saved sweep: {out / 'recall.json'} does not exist")
+        write_report(json.loads((out / "recall.json").read_text()), out)
+        print(f"wrote {out}/recall.md and .png")
+        return
     run_recall(
         args.recipe,
         out,
