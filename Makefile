@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
+# The suite runs in this many processes (pytest-xdist), one torch thread each: both cores of a 2-core machine busy.
+PYTEST_WORKERS ?= 2
 
 .PHONY: install data-deps quickstart test test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
 
@@ -29,7 +31,7 @@ data-deps: $(STAMP)
 	$(PY) zoo/data/debian.py $(DEBIAN_DATA)
 
 test: $(STAMP) data-deps
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 # The suite under another torch, e.g. `make test-torch TORCH=2.11.0`: its own .venv-torch<version> (git-ignored)
 # with that torch, the torchvision of its release (0.<minor + 15>.*; TORCHVISION=... where none is published yet)
