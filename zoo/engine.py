@@ -9,8 +9,9 @@ A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one 
 `epoch` numbered as the progress bar numbers it: an evaluation after part of an epoch counts that epoch),
 `checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state),
 `train_summary.json`, and with `train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with`
-tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A checkpoint is written to a temporary directory and renamed into place, so a crash never
-leaves a partial checkpoint where a good one was.
+tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A
+checkpoint is written to a temporary directory and renamed into place, so a crash never leaves a partial
+checkpoint where a good one was.
 """
 
 from __future__ import annotations
@@ -306,6 +307,8 @@ class Trainer:
         self.state = TrainState(pretrained=pretrained)
         # [count, last value] of the non-finite losses among the current step's batches, on the device
         self._nonfinite_losses: Tensor | None = None
+        # set once the replicas were compared after this process's first optimizer step
+        self._replicas_compared = False
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
@@ -565,9 +568,6 @@ class Trainer:
         else:
             self._save("last")
         return record
-
-    # set once the replicas were compared after the first optimizer step of this process's run
-    _replicas_compared = False
 
     def _sync_replicas(self) -> None:
         """After every optimizer step: process 0's buffers to every process (zoo.distributed.sync_buffers); after
