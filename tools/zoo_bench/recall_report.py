@@ -5,6 +5,7 @@ matplotlib is imported only to draw."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -244,12 +245,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def write_report(results: dict[str, Any], out_dir: Path | str, *, figure: bool = True) -> None:
-    """`recall.json` (written whole, then renamed into place), `recall.md`, and `recall.png` when `figure`."""
+    """`recall.json` (written whole, then renamed into place), `recall.md`, and `recall.png` when `figure` and
+    matplotlib is installed (a bare GPU machine may lack it: `tools/recall.py --report-only` draws it later)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "recall.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
     tmp.replace(out_dir / "recall.json")
     write_markdown(results, out_dir / "recall.md")
-    if figure:
+    if figure and importlib.util.find_spec("matplotlib") is not None:
         plot(results, out_dir / "recall.png")
