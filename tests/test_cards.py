@@ -1,6 +1,5 @@
 """docs/cards.md (tools/cards.py): one row per registered variant, generated from the committed results alone."""
 
-import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -8,10 +7,9 @@ import pytest
 
 from zoo.attention import _registry, list_attentions
 from zoo.attention.softmax import SoftmaxAttention
+from zoo_bench import cards
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-from zoo_bench import cards
 
 
 def rows(markdown: str) -> dict[str, list[str]]:
@@ -35,20 +33,37 @@ def test_a_new_variant_gets_a_row_of_not_measured(monkeypatch):
     class Throwaway(SoftmaxAttention):
         test_options: ClassVar[dict] = {}
 
-    monkeypatch.setitem(_registry._ATTENTIONS, "throwaway_card", Throwaway)
+    monkeypatch.setattr(_registry, "_ATTENTIONS", _registry._ATTENTIONS.copy())
+    _registry._ATTENTIONS.register("throwaway_card", Throwaway)
     row = rows(cards.cards_markdown())["throwaway_card"]
     assert row == ["not measured"] * len(cards.COLUMNS)
     assert "- `throwaway_card`: no measured strength yet." in cards.cards_markdown()
 
 
+def _sweep(*records):
+    """A recall.json as tools/recall.py writes it: its protocol and run records (seed 0, lr 3e-3 unless given)."""
+    base = {"seed": 0, "lr": 3e-3}
+    return {"protocol": {"device": "cpu"}, "records": [{**base, "label": r["variant"], **r} for r in records]}
+
+
 def test_a_failed_run_reads_as_a_failure_not_as_missing():
     record = {"variant": "vq", "status": "oom", "length": 512, "width": 64}
-    assert cards._recall([{"records": [record]}], "vq").text == "failed (oom)"
-    ok = {**record, "status": "ok", "test": {"top1": 0.5}, "label": "vq"}
+    assert cards._recall([_sweep(record)], "vq").text == "failed (oom)"
+    ok = {**record, "status": "ok", "test": {"top1": 0.5}}
     best = {**ok, "label": "vq(codebook_size=64)", "test": {"top1": 0.75}}
-    assert cards._recall([{"records": [ok, best, {**ok, "length": 64}]}], "vq").text == (
+    assert cards._recall([_sweep(ok, best, {**ok, "length": 64})], "vq").text == (
         "0.750 at L=512, d=64 vq(codebook_size=64)"
     )
+
+
+def test_recall_is_read_where_softmax_learned_the_task():
+    def run(variant, length, top1):
+        return {"variant": variant, "status": "ok", "length": length, "width": 64, "test": {"top1": top1}}
+
+    sweep = _sweep(run("softmax", 128, 1.0), run("softmax", 512, 0.2), run("linear", 128, 0.8), run("linear", 512, 0.0))
+    assert cards._recall([sweep], "linear").text == "0.800 at L=128, d=64"
+    gpu = {**sweep, "protocol": {"device": "cuda"}}
+    assert cards._recall([gpu], "softmax").text == "1.000 at L=128, d=64 (GPU)"
 
 
 @pytest.mark.parametrize(
