@@ -117,9 +117,10 @@ class GridProbe(AttentionBase):
 
 
 @pytest.fixture
-def grid_probe(monkeypatch):
-    monkeypatch.setitem(_registry._ATTENTIONS, "grid_probe", GridProbe)
-    return "grid_probe"
+def grid_probe():
+    with _registry._ATTENTIONS.scope():
+        _registry._ATTENTIONS.register("grid_probe", GridProbe)
+        yield "grid_probe"
 
 
 @pytest.mark.parametrize("tokens", [{}, {"reg_tokens": 3}, {"class_token": False, "global_pool": "avg"}])

@@ -52,7 +52,7 @@ class _Images(Dataset):
 @pytest.fixture
 def toy_datasets(monkeypatch):
     """Registers `toy_tokens` and `toy_images` in a copy of the registry, restored after the test."""
-    monkeypatch.setattr(_registry, "_DATASETS", dict(_registry._DATASETS))
+    monkeypatch.setattr(_registry, "_DATASETS", _registry._DATASETS.copy())
 
     @dataclass(kw_only=True)
     class ToyTokensOptions:

@@ -11,7 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from .._validate import did_you_mean, unknown_name
+from .._registry import Registry
+from .._validate import did_you_mean
 from ._common import AttentionBase
 
 __all__ = [
@@ -25,30 +26,28 @@ __all__ = [
     "register_attention",
 ]
 
-_ATTENTIONS: dict[str, type[nn.Module]] = {}
+# listed by name: the cards, leaderboards and sweeps read variants in this order
+_ATTENTIONS: Registry[type[nn.Module]] = Registry("attention", order="name")
 
 
 def register_attention(name: str):
     """Class decorator: register an attention variant under `name` (a duplicate name raises)."""
 
     def decorator(cls: type[nn.Module]) -> type[nn.Module]:
-        if name in _ATTENTIONS:
-            raise ValueError(f"attention {name!r} is already registered by {_ATTENTIONS[name].__qualname__}")
+        _ATTENTIONS.register(name, cls)
         cls.attention_name = name
-        _ATTENTIONS[name] = cls
         return cls
 
     return decorator
 
 
 def list_attentions() -> list[str]:
-    return sorted(_ATTENTIONS)
+    """Registered variant names, sorted."""
+    return _ATTENTIONS.names()
 
 
 def get_attention(name: str) -> type[nn.Module]:
-    if name not in _ATTENTIONS:
-        raise unknown_name("attention", name, _ATTENTIONS)
-    return _ATTENTIONS[name]
+    return _ATTENTIONS.get(name)
 
 
 def attention_options(name: str) -> dict[str, Any]:

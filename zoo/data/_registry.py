@@ -35,6 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from torch.utils.data import Dataset, default_collate
 
+from .._registry import Registry
 from .._validate import did_you_mean
 from .sequence import PadCollate
 
@@ -141,7 +142,8 @@ def _required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
-_DATASETS: dict[str, DatasetSpec] = {}
+# listed in registration order: the import order of zoo/data/__init__.py
+_DATASETS: Registry[DatasetSpec] = Registry("dataset", owner=lambda spec: spec.build.__qualname__)
 
 
 def register_dataset(
@@ -163,10 +165,8 @@ def register_dataset(
         raise TypeError(f"dataset {name!r}: options must be a dataclass, got {options!r}")
 
     def decorator(build: Callable) -> Callable:
-        if name in _DATASETS:
-            raise ValueError(f"dataset {name!r} is already registered by {_DATASETS[name].build.__qualname__}")
         doc = (build.__doc__ or "").strip().splitlines()
-        _DATASETS[name] = DatasetSpec(name, build, options, kind, tuple(tasks), root, doc[0] if doc else "")
+        _DATASETS.register(name, DatasetSpec(name, build, options, kind, tuple(tasks), root, doc[0] if doc else ""))
         return build
 
     return decorator
@@ -174,13 +174,11 @@ def register_dataset(
 
 def list_datasets() -> list[str]:
     """Registered dataset names, in registration order (the import order of ``zoo/data/__init__.py``)."""
-    return list(_DATASETS)
+    return _DATASETS.names()
 
 
 def get_dataset(name: str) -> DatasetSpec:
-    if name not in _DATASETS:
-        raise ValueError(f"unknown dataset {name!r}{did_you_mean(name, _DATASETS)}; known: {', '.join(_DATASETS)}")
-    return _DATASETS[name]
+    return _DATASETS.get(name)
 
 
 def build_dataset(name: str, context: DataContext, **options: Any) -> Dataset:
