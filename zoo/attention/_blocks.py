@@ -67,7 +67,7 @@ class BlockLayout:
             return x
         return F.pad(x, (0, 0, 0, self.padded - x.shape[-2]))
 
-    def keep(self, mask: Tensor | None, batch: int, device: torch.device) -> Tensor:
+    def keep(self, mask: Tensor | None, device: torch.device) -> Tensor:
         """Key padding mask `[b, n]` (True = keep) or None -> `[b or 1, k * w]`, False on the internal padding."""
         if mask is None:
             mask = torch.ones(1, self.length, dtype=torch.bool, device=device)

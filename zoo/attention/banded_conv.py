@@ -132,7 +132,7 @@ def banded_conv_attention(
         return _dense(q, k, v, kernels, mask, is_causal, radius, scale, dropout_p, toeplitz=False)
     layout = window_layout(n, radius, is_causal)
     columns = band_columns(layout, radius, is_causal, q.device)
-    keep = band_slot_keep(layout.keep(mask, b, q.device), radius, is_causal)  # [b or 1, (k w), l]
+    keep = band_slot_keep(layout.keep(mask, q.device), radius, is_causal)  # [b or 1, (k w), l]
     keep = as_sdpa_mask(rearrange(keep, "b (k w) l -> b k 1 w l", w=layout.block), b)  # [(b k), 1, w, l]
 
     dtype = torch.promote_types(q.dtype, torch.float32)

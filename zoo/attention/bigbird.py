@@ -121,7 +121,7 @@ def bigbird_attention(
     picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
     if use_flash_parts(q, mask, dropout_p, w) and blocks >= 3 and bool((picks[1:-1] >= 0).all()):
         return _bigbird_flash(q, k, v, picks, w, d**-0.5 if scale is None else scale)
-    keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
+    keep = layout.keep(mask, q.device)  # [b or 1, k * w]
     query_block = torch.arange(blocks, device=q.device)[:, None]
     glob = torch.tensor(global_blocks(blocks), device=q.device)
     window = query_block + torch.arange(-layout.before, layout.after + 1, device=q.device)  # [k, 3]

@@ -57,7 +57,7 @@ def local_attention(
         scale = d**-0.5 if scale is None else scale
         return parts_attention(q, k, v, band_parts(n, window, is_causal, q.device, q.dtype), scale)
     layout = window_layout(n, window, is_causal)
-    keep = layout.window_keep(layout.keep(mask, b, q.device))  # [b, k, (s w)]
+    keep = layout.window_keep(layout.keep(mask, q.device))  # [b, k, (s w)]
     keep = keep[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)[None]
     out = F.scaled_dot_product_attention(
         layout.blocks(q),

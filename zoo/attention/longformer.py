@@ -65,7 +65,7 @@ def longformer_attention(
     if use_flash_parts(q, mask, dropout_p, min(window, n)):
         return _longformer_flash(q, k, v, rows, is_causal, window, d**-0.5 if scale is None else scale)
     layout = window_layout(n, window, is_causal)
-    keep = layout.keep(mask, b, q.device)  # [b or 1, k * w]
+    keep = layout.keep(mask, q.device)  # [b or 1, k * w]
     attn_mask = layout.window_keep(keep)[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)
     if len(rows):
         # Global keys join every block's keys, except for queries whose window already holds them.

@@ -128,7 +128,7 @@ def sparse_attention(
         else:
             local = BlockLayout(n, min(block, n), before=0, after=0)
             allowed = band_keep(local.offsets(q.device), local.block, is_causal)
-        keep = local.keep(mask, b, q.device)  # [b or 1, k * w]
+        keep = local.keep(mask, q.device)  # [b or 1, k * w]
         local_keep = local.window_keep(keep)[:, :, None, None, :] & allowed
         out, lse = partial_attention(
             rearrange(local.pad(q), "b h (k w) d -> b k h w d", w=local.block),
