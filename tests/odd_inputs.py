@@ -75,7 +75,7 @@ def forecast_rows(steps: int = 200) -> list[list]:
     t = np.arange(steps)
     demand = 50 + 10 * np.sin(t * 2 * np.pi / 24)
     temperature = 20 + 5 * np.cos(t * 2 * np.pi / 24)
-    return [[f"t{i}", round(d, 4), round(c, 4)] for i, d, c in zip(t, demand, temperature)]
+    return [[f"t{i}", round(d, 4), round(c, 4)] for i, d, c in zip(t, demand, temperature, strict=True)]
 
 
 def forecast_file(path: Path, steps: int = 200) -> Path:

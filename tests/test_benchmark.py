@@ -1,7 +1,6 @@
 """tools/zoo_bench (tools/benchmark.py): a tiny sweep end to end, failures recorded, slope and crossover fits."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +10,6 @@ from einops import rearrange
 from torch import nn
 
 from zoo.attention import attention_options, get_attention, list_attentions
-
-# the benchmark package lives beside the command lines, outside `import zoo`
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from zoo_bench import measure, peers, report, sweep
 
 SETTINGS = measure.Settings(dim=64, heads=2, repeats=1, warmup=1, threads=1)
@@ -181,9 +177,9 @@ def test_max_seq_len_follows_the_length():
 
 
 def test_merge_keeps_earlier_records_and_replaces_the_remeasured(tmp_path):
-    run = lambda variants, lengths, **kw: sweep.run_sweep(
-        variants, lengths, tmp_path, SETTINGS, max_seconds=60, isolate=False, **kw
-    )
+    def run(variants, lengths, **kw):
+        return sweep.run_sweep(variants, lengths, tmp_path, SETTINGS, max_seconds=60, isolate=False, **kw)
+
     first = run(["softmax"], [64, 128])
     merged = run(["linear"], [128], merge=True)
     pairs = [(r["variant"], r["length"]) for r in merged["records"]]

@@ -229,13 +229,13 @@ def test_pathfinder_cache_holds_the_drawn_images_and_grows(pathfinder_cache, mon
     [path] = pathfinder_cache.glob("*.npy")
     assert path == cached.cache_path and path.name == "v1_32px_hard_seed3_val.npy"
     assert np.load(path).shape == (12, 32, 32)
-    for ours, theirs in zip(_images(cached, range(-12, 12)), _images(plain, [*range(12), *range(12)])):
+    for ours, theirs in zip(_images(cached, range(-12, 12)), _images(plain, [*range(12), *range(12)]), strict=True):
         assert torch.equal(ours, theirs)
     assert [cached[i][1] for i in range(4)] == [0, 1, 0, 1]
     # a longer split draws only the images the file lacks, and keeps the first ones
     longer = Pathfinder("val", num_samples=30, seed=3, as_tokens=False, cache=True)
     assert np.load(path).shape == (30, 32, 32)
-    assert all(torch.equal(a, b) for a, b in zip(_images(longer, range(30)), _images(plain, range(30))))
+    assert all(torch.equal(a, b) for a, b in zip(_images(longer, range(30)), _images(plain, range(30)), strict=True))
     # another seed or difficulty is another file
     Pathfinder("val", num_samples=2, seed=4, difficulty="easy", cache=True)
     assert len(list(pathfinder_cache.glob("*.npy"))) == 2
@@ -253,7 +253,7 @@ def test_pathfinder_cache_fills_on_every_core_with_the_same_images(pathfinder_ca
     monkeypatch.setattr(pathfinder_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     cached = Pathfinder("train", num_samples=18, as_tokens=False, cache=True)
     plain = Pathfinder("train", num_samples=18, as_tokens=False)
-    assert all(torch.equal(a, b) for a, b in zip(_images(cached, range(18)), _images(plain, range(18))))
+    assert all(torch.equal(a, b) for a, b in zip(_images(cached, range(18)), _images(plain, range(18)), strict=True))
 
 
 def _build_counting_draws(log_path: str) -> int:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
 from zoo_bench import device_check
 from zoo_bench.device_check import PARTS, Report, bench_summary, run_device_check
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,12 @@
 """tools/zoo_bench/highres.py: the layouts are valid recipes, a step is timed on the model they build, the report
 reads every record."""
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 from zoo.recipe import load_recipe
 from zoo_bench import highres
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_layout_is_a_valid_recipe_with_its_attention_and_global_blocks():

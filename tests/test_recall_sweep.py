@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-# the sweep package lives beside the command lines, outside `import zoo`
-sys.path.insert(0, str(ROOT / "tools"))
 from zoo_bench import recall
 from zoo_bench.recall import Variant, cell_data, parse_variant, run_recall, state_size, summarize_cells
 from zoo_bench.recall_report import goals, write_markdown
 
+ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "recall_mqar_quick.yaml"
 
 

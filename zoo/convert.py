@@ -189,7 +189,7 @@ def swap_attention(
     if getattr(cls, "needs_grid", False):
         options.setdefault("grid_size", tuple(student.patch_embed.grid_size))
         options.setdefault("num_prefix_tokens", student.num_prefix_tokens)
-    for (_, attn), block in zip(attention_modules(student), student.blocks):
+    for (_, attn), block in zip(attention_modules(student), student.blocks, strict=True):
         block.attn = _swapped(attn, attention, options)
     student.zoo_attention = {"name": attention, "options": options}
     return student
@@ -283,7 +283,7 @@ def attention_mse(
     with _mode(teacher, False), _mode(student, False), torch.no_grad():
         for batch in itertools.islice(batches, max_batches):
             records = _teacher_attention(teacher, _images(batch).to(_device(student)))
-            for index, (attn, (x, target)) in enumerate(zip(modules, records)):
+            for index, (attn, (x, target)) in enumerate(zip(modules, records, strict=True)):
                 totals[index] += F.mse_loss(attn(x), target).item()
             count += 1
     if count == 0:
@@ -323,9 +323,10 @@ def transfer_attention(
     optimizer = torch.optim.AdamW(own.values(), lr=lr, weight_decay=weight_decay)
     report = TransferReport(skipped=False, parameters=list(own))
     with _mode(teacher, False), _mode(student, False), _only_trainable(student, own.values()):
-        for step, batch in zip(range(steps), _cycle(batches)):
+        # _cycle never ends: `steps` bounds the loop
+        for step, batch in zip(range(steps), _cycle(batches), strict=False):
             records = _teacher_attention(teacher, _images(batch).to(_device(student)))
-            losses = [F.mse_loss(attn(x), target) for attn, (x, target) in zip(modules, records)]
+            losses = [F.mse_loss(attn(x), target) for attn, (x, target) in zip(modules, records, strict=True)]
             loss = torch.stack(losses).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -441,7 +442,8 @@ def finetune(
         optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
         scheduler = _schedule(optimizer, schedule, steps)
         with _mode(student, True), contextlib.nullcontext() if teacher is None else _mode(teacher, False):
-            for step, batch in zip(range(steps), _cycle(loader)):
+            # _cycle never ends: `steps` bounds the loop
+            for step, batch in zip(range(steps), _cycle(loader), strict=False):
                 loss, task, distill = _finetune_loss(
                     model, student, batch, loss_fn, teacher, distill_weight, temperature
                 )

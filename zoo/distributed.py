@@ -245,8 +245,8 @@ def _checksum(digests: dict[str, str]) -> str:
 
 
 def replica_mismatches(model: nn.Module) -> tuple[list[str], list[str]]:
-    """Every process's checksum of the whole state of `model`, and the names of the state entries (weights, buffers) whose
-    values differ between the processes (empty: the replicas are identical). A collective: every process calls it
+    """Every process's checksum of the whole state of `model`, and the names of the state entries (weights, buffers)
+    whose values differ between the processes (empty: the replicas are identical). A collective: every process calls it
     and gets the same answer, so all of them raise together or none does."""
     digests = _digests(model)
     every = gather_object([digests])

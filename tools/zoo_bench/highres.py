@@ -175,26 +175,28 @@ def report(results: dict[str, Any]) -> str:
         "# High resolution on a CPU: 2-D windows, per-block layouts and global attention",
         "",
         (
-            f"{proto['device_name']}, fp32, torch {proto['versions'].get('torch')}, timm {proto['versions'].get('timm')};"
-            f" {proto['date'][:10]}. Made by `make bench-highres` (tools/zoo_bench/highres.py)."
+            f"{proto['device_name']}, fp32, torch {proto['versions'].get('torch')}, "
+            f"timm {proto['versions'].get('timm')}; {proto['date'][:10]}. "
+            "Made by `make bench-highres` (tools/zoo_bench/highres.py)."
         ),
         "",
         (
             f"**Accuracy**: `{proto['recipe']}` (6 blocks of width 64, patch 16, conv stem; 256-px MegaMNIST canvases, "
             "one 56-px digit among clutter, 10 classes; a 16 x 16 grid, 257 tokens) trained with each layout for "
-            f"{proto['budget_steps']} steps of 32 canvases (seeds {', '.join(map(str, proto['seeds']))}), then tested on "
-            "500 canvases; training samples/s (median over the run's evaluations) and the peak resident set of the "
-            "training process."
+            f"{proto['budget_steps']} steps of 32 canvases (seeds {', '.join(map(str, proto['seeds']))}), "
+            "then tested on 500 canvases; training samples/s (median over the run's evaluations) and the peak "
+            "resident set of the training process."
         ),
         (
             f"**Step at {proto['step_img_size']} px**: the same model on a "
             f"{proto['step_img_size'] // 16} x {proto['step_img_size'] // 16} grid, one training step (batch 1, AdamW, "
-            f"forward + backward + update, one step timed after a warm-up step, {proto['step_threads']} threads, fresh process)."
+            "forward + backward + update, one step timed after a warm-up step, "
+            f"{proto['step_threads']} threads, fresh process)."
         ),
         "",
         (
-            f"| layout | test top-1 % (mean +- std) | samples/s | train peak MiB | step at {proto['step_img_size']} px (s) | "
-            "vs softmax | step peak MiB |"
+            "| layout | test top-1 % (mean +- std) | samples/s | train peak MiB | "
+            f"step at {proto['step_img_size']} px (s) | vs softmax | step peak MiB |"
         ),
         "|---|---|---|---|---|---|---|",
     ]

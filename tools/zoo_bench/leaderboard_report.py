@@ -138,16 +138,17 @@ def write_markdown(results: dict[str, Any], rows: list[dict[str, Any]], path: Pa
         ),
         f"- Each run in fresh processes: `{proto['run']}`; the tested checkpoint is the run's best on validation.",
         (
-            f"- Score: test {key}{unit}, mean +- sample standard deviation over the seeds that finished. Wall time: the "
-            "training process from start to end (start-up, data, evaluations and checkpoints included), mean over "
-            "seeds; samples/s: the training loop's own rate, median over a run's epochs, mean over seeds; peak "
-            f"memory: {proto['memory']}, the largest over seeds."
+            f"- Score: test {key}{unit}, mean +- sample standard deviation over the seeds that finished. "
+            "Wall time: the training process from start to end (start-up, data, evaluations and checkpoints "
+            "included), mean over seeds; samples/s: the training loop's own rate, median over a run's epochs, mean "
+            f"over seeds; peak memory: {proto['memory']}, the largest over seeds."
         ),
         (
             f"- LRA: Tay et al. 2020, Table 1, column {column}, the row of the variant's family (- : no family there). "
             "LRA trained larger models for longer under its own protocol: compare the ranking, not the numbers."
         ),
-        f"- Device: {proto['device_name']} ({proto['cpu_count']} CPUs; {proto.get('threads', '?')} torch threads per run).",
+        f"- Device: {proto['device_name']} ({proto['cpu_count']} CPUs; "
+        f"{proto.get('threads', '?')} torch threads per run).",
         "",
         (
             f"| rank | variant | test {key}{unit} | seeds done | wall time (s) | samples/s | peak memory (MiB) "

@@ -247,7 +247,7 @@ def plot(results: dict[str, Any], out_dir: Path) -> None:
             for name in names:
                 points = sorted((n, v) for n, v in _series(records, name, key).items() if v > 0)
                 if points:
-                    axis.plot(*zip(*points), label=name, **style[name])
+                    axis.plot(*zip(*points, strict=True), label=name, **style[name])
             axis.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel=label)
             axis.set_xticks(lengths, [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths])
             axis.xaxis.set_minor_formatter(NullFormatter())

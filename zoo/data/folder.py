@@ -226,7 +226,7 @@ class ImageFolderDataset(Dataset):
                 len(samples),
                 bad[0],
             )
-        return [sample for sample, text in zip(samples, problems) if text is None]
+        return [sample for sample, text in zip(samples, problems, strict=True) if text is None]
 
     def __len__(self) -> int:
         return len(self.samples)

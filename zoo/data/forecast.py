@@ -202,7 +202,7 @@ def _names(names: str | Sequence[str]) -> list[str]:
 
 def _scaler(train: np.ndarray, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Mean and population std `[C]` of the train rows `[T, C]` over their observed (non-NaN) values."""
-    empty = [name for name, observed in zip(columns, np.isfinite(train).any(axis=0)) if not observed]
+    empty = [name for name, observed in zip(columns, np.isfinite(train).any(axis=0), strict=True) if not observed]
     if empty:
         raise ValueError(f"columns {empty} have no value in the train rows: cannot standardise them")
     mean, std = np.nanmean(train, axis=0), np.nanstd(train, axis=0)

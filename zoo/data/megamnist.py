@@ -135,7 +135,7 @@ def _split_pools(labels: np.ndarray, fractions: tuple[float, float, float]) -> d
         n_train = round(fractions[0] * len(members))
         n_val = round(fractions[1] * len(members))
         bounds = (0, n_train, n_train + n_val, len(members))
-        for split, start, stop in zip(SPLITS, bounds[:-1], bounds[1:]):
+        for split, start, stop in zip(SPLITS, bounds[:-1], bounds[1:], strict=True):
             parts[split].append(np.sort(members[start:stop]))
     return {split: np.concatenate(chunks) for split, chunks in parts.items()}
 
@@ -193,7 +193,7 @@ def _place_group(
     high = canvas_size - np.asarray([sizes[k] for k in group]) + 1  # [g]
     candidates = rng.integers(0, high[:, None, None], size=(len(group), _PLACEMENT_TRIES, 2)).tolist()
     clashed = False
-    for item, tries in zip(group, candidates):
+    for item, tries in zip(group, candidates, strict=True):
         size = sizes[item]
         spot = next(((top, left) for top, left in tries if _is_free(top, left, size, placed)), None)
         if spot is None:
@@ -373,7 +373,7 @@ class MegaMNIST(Dataset):
         items = [
             _Item("digit" if k < num_digits else "clutter", cls, source, tuple(crop), top, left, size)
             for k, (cls, source, crop, (top, left), size) in enumerate(
-                zip(self._labels[sources].tolist(), sources.tolist(), crops.tolist(), corners, sizes)
+                zip(self._labels[sources].tolist(), sources.tolist(), crops.tolist(), corners, sizes, strict=True)
             )
         ]
         return label, items

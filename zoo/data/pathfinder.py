@@ -402,7 +402,7 @@ class _Generator:
         for line, contrast in painted:
             # pixel centre c of the image is at 2c + 0.5 in the 2x drawing; PIL takes (x, y)
             points = (2 * line[:, ::-1] + 0.5).tolist()
-            for start, end in zip(points[0::2], points[1::2]):
+            for start, end in zip(points[0::2], points[1::2], strict=True):
                 draw.line([tuple(start), tuple(end)], fill=contrast, width=width)
         image = np.asarray(canvas).reshape(size, 2, size, 2).mean(axis=(1, 3))
         disc = _marker(settings.marker_radius)
