@@ -67,10 +67,12 @@ class AttentionBase(nn.Module):
 
     The constructor takes timm's `Attention` arguments and creates the same submodules (`qkv`, `q_norm`,
     `k_norm`, `norm`, `gate`, `proj`), so weights copy between variants and stock timm checkpoints load. A
-    variant's constructor takes these arguments, in this order with these defaults, and passes them on to this
-    class unchanged; its own options follow as keyword-only arguments after `*`. A variant with a fast path takes
-    `reference: bool = False`: True selects the explicit pure-PyTorch reference path the tests compare with (on
-    outputs and every gradient, for every variant whose options include `reference`).
+    variant's constructor is `__init__(self, dim, num_heads=8, *, <its own options>, **timm_args)`: its options
+    keyword-only after `*`, timm's other arguments passed on unchanged with `super().__init__(dim, num_heads,
+    **timm_args)`, where this signature rejects an unknown name. After that call a variant reads them from the
+    module (`self.num_heads`, `self.head_dim`, `self.attn_drop.p`, `self.factory_kwargs`). A variant with a fast
+    path takes `reference: bool = False`: True selects the explicit pure-PyTorch reference path the tests compare
+    with (on outputs and every gradient, for every variant whose options include `reference`).
     """
 
     supports_causal: ClassVar[bool] = False
@@ -125,6 +127,12 @@ class AttentionBase(nn.Module):
         self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
         self.proj = nn.Linear(self.attn_dim, dim_out or dim, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    @property
+    def factory_kwargs(self) -> dict:
+        """`{"device", "dtype"}` of the projections: what timm's `device` and `dtype` arguments built them with, for
+        the parameters and buffers a variant adds after `AttentionBase.__init__`."""
+        return {"device": self.qkv.weight.device, "dtype": self.qkv.weight.dtype}
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """`x: [b, n, c]` -> q, k, v, each `[b, h, n, d]` (q and k normalised when qk_norm is on)."""

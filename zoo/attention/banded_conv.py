@@ -30,7 +30,7 @@ l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
 from __future__ import annotations
 
 import functools
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -284,47 +284,21 @@ class BandedConvAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         radius: int = 256,
         depth: int = 2,
         kernel_size: int = 3,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.radius = check_int("radius", radius, 1)
         self.depth = check_int("depth", depth, 1)
         self.kernel_size = check_int("kernel_size", kernel_size, 1)
         self.reference = check_bool("reference", reference)
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size={kernel_size} is not allowed: expected an odd integer, centred on the key")
-        dd = {"device": device, "dtype": dtype}
+        dd = self.factory_kwargs
         self.kernels = nn.Parameter(identity_kernels(depth, num_heads, kernel_size, **dd))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:

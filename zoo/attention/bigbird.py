@@ -13,11 +13,11 @@ the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, allowed_attention, as_sdpa_mask, rows_attention
@@ -197,47 +197,21 @@ class BigBirdAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         block_size: int = 64,
         num_random_blocks: int = 3,
         backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.block_size = check_int("block_size", block_size, 1)
         self.num_random_blocks = check_int("num_random_blocks", num_random_blocks, 0)
         self.reference = check_bool("reference", reference)
-        self.backend = check_backend(backend, attn_drop, self.reference)
+        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
         # Drawn from the global generator once, then saved with the weights: every call, device, replica and
         # resumed run uses the same random blocks.
-        self.register_buffer("random_seed", torch.randint(2**62, ()).to(device), persistent=True)
+        self.register_buffer("random_seed", torch.randint(2**62, ()).to(self.factory_kwargs["device"]), persistent=True)
 
     def random_blocks(self, length: int) -> Tensor:
         """`[h, k, r]` random key blocks for a sequence of `length`, on the buffer's device (`draw_random_blocks`)."""

@@ -13,12 +13,12 @@ covering the sequence with dilation 1 is exact softmax attention. `reference=Tru
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, band_keep, position_offsets
@@ -110,44 +110,18 @@ class DilatedAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         window: int = 256,
         dilation: int = 2,
         backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.window = check_int("window", window, 1)
         self.dilation = check_int("dilation", dilation, 1)
         self.reference = check_bool("reference", reference)
-        self.backend = check_backend(backend, attn_drop, self.reference)
+        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
         if window < dilation:
             raise ValueError(f"window={window} is shorter than dilation={dilation}; use window >= dilation")
 

@@ -34,7 +34,7 @@ width, k - chunks, w - chunk length, f - the four scale/offset rows (quad q, qua
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -236,41 +236,15 @@ class GAUAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         group_size: int = 256,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.group_size = check_int("group_size", group_size, 1)
         self.reference = check_bool("reference", reference)
-        self.gamma, self.beta = _scale_offset_parameters(num_heads, self.head_dim, device=device, dtype=dtype)
+        self.gamma, self.beta = _scale_offset_parameters(num_heads, self.head_dim, **self.factory_kwargs)
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """`x: [b, n, c]` -> `[b, n, c]`."""

@@ -29,7 +29,7 @@ r - features (2 f), e - value dim + 1 (values with a ones column), w - block len
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -183,43 +183,17 @@ class HedgehogAttention(KernelStepMixin, AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         feature_dim: int = 64,
         window: int = 0,
         chunk_size: int = 128,
+        **timm_args: Any,
     ) -> None:
         check_int("feature_dim", feature_dim, 1)
         check_int("window", window, 0)
         check_int("chunk_size", chunk_size, 1)
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
-        dd = {"device": device, "dtype": dtype}
+        super().__init__(dim, num_heads, **timm_args)
+        dd = self.factory_kwargs
         self.feature_dim, self.window, self.chunk_size = feature_dim, window, chunk_size
         self.feature_map_q = nn.Parameter(identity_feature_map(num_heads, self.head_dim, feature_dim, **dd))
         self.feature_map_k = nn.Parameter(identity_feature_map(num_heads, self.head_dim, feature_dim, **dd))

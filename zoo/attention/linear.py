@@ -10,10 +10,10 @@ hand-written backward (`_BlockedLinear`) is the fast path; `reference=True` take
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
@@ -178,39 +178,13 @@ class LinearAttention(KernelStepMixin, AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         chunk_size: int = 128,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("chunk_size", chunk_size, 1)
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.chunk_size = chunk_size
         self.reference = check_bool("reference", reference)
         # The recurrent state has one feature per head dim: phi is elementwise.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -239,23 +239,12 @@ class LinformerAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         k: int = 256,
         max_seq_len: int = 4096,
         share: Literal["none", "kv", "layerwise"] = "none",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("k", k, 1)
         check_int("max_seq_len", max_seq_len, 1)
@@ -263,33 +252,19 @@ class LinformerAttention(AttentionBase):
             raise ValueError(f"k={k} must be <= max_seq_len={max_seq_len}: the projection cannot add keys")
         if share not in SHARING:
             raise ValueError(f"share={share!r} is not one of {', '.join(map(repr, SHARING))}")
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
+        dd = self.factory_kwargs
         self.k = k
         self.max_seq_len = max_seq_len
         self.share = share
         self.reference = check_bool("reference", reference)
         if share == "layerwise":
-            self.compress = _layerwise_projection(type(self), max_seq_len, k, device, dtype)
+            self.compress = _layerwise_projection(type(self), max_seq_len, k, **dd)
         elif share == "kv":
-            self.compress = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, device=device, dtype=dtype)))
+            self.compress = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, **dd)))
         else:
-            self.compress_k = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, device=device, dtype=dtype)))
-            self.compress_v = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, device=device, dtype=dtype)))
+            self.compress_k = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, **dd)))
+            self.compress_v = nn.Parameter(_init_projection(torch.empty(k, max_seq_len, **dd)))
 
     def projections(self, length: int) -> tuple[Tensor, Tensor]:
         """E and F for a sequence of `length` tokens: the leading columns, each `[k, length]`."""

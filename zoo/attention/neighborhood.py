@@ -20,12 +20,12 @@ columns, gy / gx - tiles along them, ty / tx - rows / columns of a tile, ry / rx
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_int
 from ._flex import neighborhood_mask
@@ -182,18 +182,6 @@ class NeighborhoodAttention(GridAttention):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         kernel: int = 7,
         dilation: int = 1,
@@ -201,24 +189,10 @@ class NeighborhoodAttention(GridAttention):
         num_prefix_tokens: int = 0,
         backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
-        self.init_grid(grid_size, num_prefix_tokens, backend, reference, attn_drop)
+        super().__init__(dim, num_heads, **timm_args)
+        self.init_grid(grid_size, num_prefix_tokens, backend, reference)
         self.kernel = check_int("kernel", kernel, 1)
         if kernel % 2 == 0:
             raise ValueError(f"kernel={kernel} is not allowed: expected an odd integer (the query at the centre)")

@@ -17,7 +17,7 @@ materialises the three kernels instead of the blocked attention calls.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -158,23 +158,12 @@ class NystromAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         num_landmarks: int = 64,
         pinv_iterations: int = 6,
         conv_kernel_size: int | None = 33,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("num_landmarks", num_landmarks, 1)
         check_int("pinv_iterations", pinv_iterations, 0)
@@ -182,22 +171,7 @@ class NystromAttention(AttentionBase):
             check_int("conv_kernel_size", conv_kernel_size, 0)
             if conv_kernel_size % 2 == 0 and conv_kernel_size:
                 raise ValueError(f"conv_kernel_size={conv_kernel_size} must be odd (or None / 0 for no convolution)")
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.num_landmarks = num_landmarks
         self.pinv_iterations = pinv_iterations
         self.reference = check_bool("reference", reference)
@@ -212,8 +186,7 @@ class NystromAttention(AttentionBase):
                 padding=(conv_kernel_size // 2, 0),
                 groups=num_heads,
                 bias=False,
-                device=device,
-                dtype=dtype,
+                **self.factory_kwargs,
             )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:

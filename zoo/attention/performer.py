@@ -14,10 +14,10 @@ through explicit features and `kernel_attention`, the path the tests compare the
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase
@@ -273,18 +273,6 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         nb_features: int = 256,
         kernel: Literal["softmax", "relu"] = "softmax",
@@ -293,6 +281,7 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
         chunk_size: int = 128,
         eps: float = 1e-4,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("nb_features", nb_features, 1)
         check_int("redraw_interval", redraw_interval, 0)
@@ -304,22 +293,7 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
         if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
             raise ValueError(f"eps={eps!r} must be a number >= 0")
         check_bool("reference", reference)
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.nb_features = nb_features
         self.kernel = kernel
         self.projection = projection
@@ -329,8 +303,8 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
         self.chunk_size = chunk_size
         self.eps = float(eps)
         self.reference = reference
-        self.register_seed_and_step(device)
-        self.register_buffer("random_features", self.draw_features(0).to(dtype=dtype))
+        self.register_seed_and_step(self.factory_kwargs["device"])
+        self.register_buffer("random_features", self.draw_features(0).to(dtype=self.factory_kwargs["dtype"]))
 
     def draw_features(self, index: int) -> Tensor:
         """Redraw number `index` of the random features, `[nb_features, head_dim]`: a pure function of `seed`."""

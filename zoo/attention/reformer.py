@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, pad_to_multiple
@@ -430,47 +430,21 @@ class ReformerAttention(SeedStepMixin, AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         n_hashes: int = 4,
         bucket_size: int = 64,
         count_duplicates: bool = True,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("n_hashes", n_hashes, 1)
         check_int("bucket_size", bucket_size, 1)
         check_bool("count_duplicates", count_duplicates)
         check_bool("reference", reference)
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.n_hashes, self.bucket_size = n_hashes, bucket_size
         self.count_duplicates, self.reference = count_duplicates, reference
-        self.register_seed_and_step(device)
+        self.register_seed_and_step(self.factory_kwargs["device"])
 
     def rotations(self, length: int) -> Tensor:
         """Random rotations `[h, r, d, n_buckets / 2]` (float32) for `length` positions at the current step, drawn

@@ -9,9 +9,10 @@ logsumexp.
 
 from __future__ import annotations
 
+from typing import Any
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool
 from ._common import AttentionBase
@@ -76,37 +77,11 @@ class Softmax1Attention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.reference = check_bool("reference", reference)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:

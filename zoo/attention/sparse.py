@@ -16,11 +16,11 @@ pattern as a dense `[n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._blocks import (
@@ -162,48 +162,22 @@ class SparseAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         pattern: Literal["strided", "fixed"] = "strided",
         block: int = 128,
         num_summary: int = 8,
         backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         if pattern not in PATTERNS:
             raise ValueError(f"pattern={pattern!r} is not allowed: expected one of {PATTERNS}")
         self.pattern = pattern
         self.block = check_int("block", block, 2)
         self.num_summary = check_int("num_summary", num_summary, 1)
         self.reference = check_bool("reference", reference)
-        self.backend = check_backend(backend, attn_drop, self.reference)
+        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
         if pattern == "fixed" and num_summary > block:
             raise ValueError(f"num_summary={num_summary} is larger than block={block}: expected 1..{block}")
 

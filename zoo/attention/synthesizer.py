@@ -18,7 +18,7 @@ Letter legend as in `_common`, plus: e - MLP hidden width (= d), l - max_seq_len
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -92,18 +92,6 @@ class SynthesizerAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         mode: Literal["dense", "random"] = "dense",
         factorized: bool = False,
@@ -112,6 +100,7 @@ class SynthesizerAttention(AttentionBase):
         mix: float | None = None,
         max_seq_len: int = 1024,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {', '.join(map(repr, MODES))}")
@@ -121,26 +110,11 @@ class SynthesizerAttention(AttentionBase):
             raise ValueError(f"fixed_random=True needs mode='random', got mode={mode!r}")
         if mix is not None and (isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix <= 1):
             raise ValueError(f"mix={mix!r} must be None or a number in [0, 1] (the dot-product logits' weight)")
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
         self.mode, self.factorized, self.rank, self.fixed_random = mode, bool(factorized), rank, bool(fixed_random)
         self.max_seq_len, self.reference = max_seq_len, check_bool("reference", reference)
         self.mix = float(mix) if mix else None
-        dd = {"device": device, "dtype": dtype}
+        dd = self.factory_kwargs
         h, d = num_heads, self.head_dim
         if mode == "dense":
             # nn.Linear's default initialisation, per head.

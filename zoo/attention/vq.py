@@ -18,12 +18,12 @@ sum is the count), s - codes, k - blocks, i / j - query / key position in a bloc
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from einops import rearrange
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
@@ -287,18 +287,6 @@ class VQAttention(AttentionBase):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         codebook_size: int = 512,
         beta: float = 1e-4,
@@ -306,6 +294,7 @@ class VQAttention(AttentionBase):
         eps: float = 1e-5,
         block_len: int = 512,
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
         check_int("codebook_size", codebook_size, 1)
         check_int("block_len", block_len, 1)
@@ -315,22 +304,8 @@ class VQAttention(AttentionBase):
         if eps == 0:
             raise ValueError("eps=0 leaves unused codewords with a zero count; use a small positive eps")
         check_bool("reference", reference)
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
+        super().__init__(dim, num_heads, **timm_args)
+        dd = self.factory_kwargs
         self.codebook_size = codebook_size
         self.beta = float(beta)
         self.decay = float(decay)
@@ -339,11 +314,11 @@ class VQAttention(AttentionBase):
         self.reference = reference
         # Drawn on the CPU from torch's global RNG, so the codebook does not depend on the device.
         codebook = torch.randn(num_heads, codebook_size, self.head_dim) * self.head_dim**-0.5
-        self.register_buffer("codebook", codebook.to(device=device, dtype=dtype))
-        self.register_buffer("ema_count", torch.ones(num_heads, codebook_size, device=device, dtype=dtype))
+        self.register_buffer("codebook", codebook.to(**dd))
+        self.register_buffer("ema_count", torch.ones(num_heads, codebook_size, **dd))
         # a copy: `.to` without a change of device or dtype returns the same tensor, and an ema_sum sharing the
         # codebook's storage was overwritten by every update's codewords (unused codewords then grew without bound)
-        self.register_buffer("ema_sum", codebook.to(device=device, dtype=dtype, copy=True))
+        self.register_buffer("ema_sum", codebook.to(**dd, copy=True))
         self.aux_loss: Tensor | None = None
         # Sum of [k, 1] per code since the last optimizer step, [h, s, d + 1] float32: not a buffer, so DDP's
         # buffer broadcast never overwrites a replica's own statistics with rank 0's.

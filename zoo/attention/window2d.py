@@ -20,12 +20,12 @@ columns, gy / gx - windows along them, wy / wx - rows / columns of a window, g -
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
-from torch import Tensor, nn
+from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase
@@ -190,13 +190,13 @@ class GridAttention(AttentionBase):
     has_attention_weights = True
 
     def init_grid(
-        self, grid_size: tuple[int, int] | None, num_prefix_tokens: int, backend: str, reference: bool, attn_drop: float
+        self, grid_size: tuple[int, int] | None, num_prefix_tokens: int, backend: str, reference: bool
     ) -> None:
         """Check and set the grid options; called by the subclass constructors after `AttentionBase.__init__`."""
         self.grid_size = None if grid_size is None else check_grid(grid_size)
         self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, 0)
         self.reference = check_bool("reference", reference)
-        self.backend = check_backend(backend, attn_drop, self.reference)
+        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
 
     def set_grid(self, grid_size: tuple[int, int]) -> None:
         """The patch grid `(rows, cols)` of the next forwards (the model calls it when the image size changes)."""
@@ -242,18 +242,6 @@ class Window2dAttention(GridAttention):
         self,
         dim: int,
         num_heads: int = 8,
-        attn_head_dim: int | None = None,
-        dim_out: int | None = None,
-        qkv_bias: bool = False,
-        qk_norm: bool = False,
-        scale_norm: bool = False,
-        proj_bias: bool = True,
-        gated: bool = False,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] | None = None,
-        device=None,
-        dtype=None,
         *,
         window: int = 14,
         shift: int | bool = 0,
@@ -261,24 +249,10 @@ class Window2dAttention(GridAttention):
         num_prefix_tokens: int = 0,
         backend: Literal["auto", "torch", "flex"] = "auto",
         reference: bool = False,
+        **timm_args: Any,
     ) -> None:
-        super().__init__(
-            dim,
-            num_heads,
-            attn_head_dim,
-            dim_out,
-            qkv_bias,
-            qk_norm,
-            scale_norm,
-            proj_bias,
-            gated,
-            attn_drop,
-            proj_drop,
-            norm_layer,
-            device,
-            dtype,
-        )
-        self.init_grid(grid_size, num_prefix_tokens, backend, reference, attn_drop)
+        super().__init__(dim, num_heads, **timm_args)
+        self.init_grid(grid_size, num_prefix_tokens, backend, reference)
         self.window = check_int("window", window, 1)
         if isinstance(shift, bool):
             shift = window // 2 if shift else 0
