@@ -3,7 +3,6 @@ and zoo.load_model reads a run directory, a checkpoint folder or its weights wit
 and 1-D runs trained in tmp_path)."""
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import zoo
 from zoo import engine
 from zoo.checkpoints import CheckpointError
 from zoo.engine import Trainer, build_split
-from zoo.model_kinds import get_model_kind
+from zoo.model_kinds import build_model, get_model_kind, sizes_of
 from zoo.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,8 +85,7 @@ def vit_run(tmp_path_factory) -> Path:
 def reference(run_dir: Path, which: str = "best") -> torch.nn.Module:
     """The run's model as tools/eval.py builds it: sized from the training split, the checkpoint loaded."""
     recipe = load_recipe(run_dir / "recipe.yaml")
-    kind = get_model_kind(recipe.model.kind)
-    model = kind.build(recipe, build_split(recipe, "train"), kind.task(recipe))
+    model = build_model(recipe, sizes_of(recipe, build_split(recipe, "train")))
     load_safetensors(model, str(run_dir / "checkpoints" / which / "model.safetensors"))
     return model.eval()
 
@@ -176,15 +174,13 @@ def test_overrides_rebuild_a_run_at_another_size(vit_run):
     assert zoo.load_model(vit_run, num_classes=3).pretrained_cfg.get("label_names") is None
 
 
-def test_a_run_without_model_json_is_sized_from_its_data(vit_run, tmp_path, caplog):
-    # as zoo wrote runs before model.json and manifests
-    old = shutil.copytree(vit_run, tmp_path / "old")
-    for path in [*old.rglob("model.json"), *old.rglob("manifest.json")]:
+def test_a_run_without_model_json_says_what_is_missing(vit_run, tmp_path):
+    # every run of tools/train.py writes model.json: without it the model's sizes are unknown
+    bare = shutil.copytree(vit_run, tmp_path / "bare")
+    for path in [*bare.rglob("model.json"), *bare.rglob("manifest.json")]:
         path.unlink()
-    with caplog.at_level(logging.WARNING):
-        model = zoo.load_model(old / "checkpoints" / "best" / "model.safetensors")
-    assert "no model.json" in caplog.text
-    torch.testing.assert_close(model(images()), reference(vit_run)(images()))
+    with pytest.raises(FileNotFoundError, match=r"best/model\.json does not exist: is .*best a run of tools/train.py"):
+        zoo.load_model(bare / "checkpoints" / "best" / "model.safetensors")
 
 
 def test_run_directories_that_cannot_load_say_why(vit_run, tmp_path):
@@ -259,7 +255,8 @@ def test_an_image_folder_run_records_its_classes_and_timms_eval_transform(tmp_pa
             Image.new("RGB", (40, 30), (10, 20, 30)).save(tmp_path / split / name / "a.png")
     recipe = vit_recipe(tmp_path, data={"name": "folder", "root": str(tmp_path), "options": {}})
     kind = get_model_kind(recipe.model.kind)
-    description = describe_model(recipe, build_split(recipe, "train"), kind.task(recipe))
+    train_set = build_split(recipe, "train")
+    description = describe_model(recipe, train_set, kind.task(recipe), sizes_of(recipe, train_set))
     assert description["label_names"] == ["cat", "dog"] and description["sizes"] == {"num_classes": 2, "in_chans": 3}
     cfg = description["pretrained_cfg"]
     assert cfg["input_size"] == [3, 32, 32] and cfg["crop_pct"] == 0.875 and cfg["mean"] == [0.485, 0.456, 0.406]

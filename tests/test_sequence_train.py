@@ -13,8 +13,9 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 
-from zoo import engine, model_kinds
+from zoo import engine
 from zoo.data import INPUT_KINDS, DataContext, build_dataset, debian, get_dataset, list_datasets
+from zoo.data._interface import sequence_length
 from zoo.engine import Trainer
 from zoo.evaluation import evaluate_run
 from zoo.models import create_sequence_model
@@ -135,7 +136,8 @@ def test_causal_lm_on_dna(tmp_path):
         ),
         (
             ["metrics=[top1, mse]"],
-            "metrics[1]: task 'classification' takes one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', got 'mse'",
+            "metrics[1]: task 'classification' takes one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', "
+            "got 'mse'",
         ),
         (["model.kind=vit"], "model.sequence: only model.kind 'sequence' takes these options, got model.kind 'vit'"),
         (["model.stem=conv"], "model.stem: a ViT option, unused by model.kind 'sequence'; leave it out, got 'conv'"),
@@ -234,10 +236,10 @@ class _Items(torch.utils.data.Dataset):
 
 
 def test_sequence_length_is_the_longest_item_not_the_first():
-    assert model_kinds.sequence_length(_Items([20, 400, 37])) == 400
+    assert sequence_length(_Items([20, 400, 37])) == 400
     stored = _Items([20])
     stored.sequences = [range(20), range(400)]
-    assert model_kinds.sequence_length(stored) == 400
+    assert sequence_length(stored) == 400
 
 
 class _TwoProcesses:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from zoo.data import DataContext, build_dataset
-from zoo.model_kinds import get_model_kind
+from zoo.model_kinds import get_model_kind, sizes_of
 from zoo.models import create_sequence_model
 from zoo.models.blocks import Block, ShortConv
 from zoo.models.generation import supports_recurrent
@@ -111,7 +111,7 @@ def test_recipe_key_reaches_the_model():
     train_set = build_dataset(
         recipe.data.name, DataContext("train", is_training=True, num_samples=4), **recipe.data.options
     )
-    model = kind.build(recipe, train_set, kind.task(recipe))
+    model = kind.build(recipe, sizes_of(recipe, train_set), kind.task(recipe))
     assert [block.short_conv.kernel_size for block in model.backbone.blocks] == [3, 3]
     with pytest.raises(RecipeError, match=r"model\.sequence\.short_conv"):
         load_recipe("recipes/recall_mqar_quick.yaml", ["model.sequence.short_conv=-2"])

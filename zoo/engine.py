@@ -54,7 +54,7 @@ from .checkpoints import (
 from .data import DataContext, build_dataset, collate_for, get_dataset
 from .distributed import build_accelerator, local_shard, replica_mismatches, save_checkpoint, sync_buffers
 from .metrics import metrics_to_python
-from .model_kinds import get_model_kind
+from .model_kinds import build_model, get_model_kind, sizes_of
 from .pretrain import pretrain
 from .recipe import Recipe, save_recipe
 from .runs import copy_run_files, describe_model, write_description
@@ -131,8 +131,7 @@ def build_split(recipe: Recipe, split: str) -> Dataset:
 
 def model_for(recipe: Recipe, train_set: Dataset) -> nn.Module:
     """The recipe's model (`model.kind`), sized from the training split."""
-    kind = get_model_kind(recipe.model.kind)
-    return kind.build(recipe, train_set, kind.task(recipe))
+    return build_model(recipe, sizes_of(recipe, train_set))
 
 
 def build_loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
@@ -279,10 +278,12 @@ class Trainer:
         self.kind = get_model_kind(recipe.model.kind)
         self.task = self.kind.task(recipe)
         train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
-        self.num_classes = self.task.num_outputs(train_set)
-        model = self.kind.build(recipe, train_set, self.task)
-        # what rebuilds the model without the data (runs/NAME/model.json, zoo.load_model)
-        self.description = describe_model(recipe, train_set, self.task)
+        # the run's sizes, read once: every model of the run is built from them (runs/NAME/model.json)
+        sizes = sizes_of(recipe, train_set)
+        self.num_classes = self.task.num_outputs(sizes)
+        model = self.kind.build(recipe, sizes, self.task)
+        # what rebuilds the model without the data (zoo.load_model)
+        self.description = describe_model(recipe, train_set, self.task, sizes)
         # self-pretraining (zoo.pretrain) once, before step 0; a resumed run loads its result instead
         pretrained = cfg.pretrain is not None and not self.resume
         if pretrained:

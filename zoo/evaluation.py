@@ -13,64 +13,24 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from torch import nn
 from torch.utils.data import Dataset
 
-from ._weights import WEIGHTS_NAME
-from .checkpoints import check_recipe, fill_tied_weights, find_checkpoint, usable_checkpoint, verify_checkpoint
+from ._run_weights import load_checked, resolve_run
+from ._sizes import ModelSizes
+from .data._interface import split_attribute
 from .engine import build_loader, build_split, evaluate, resolve_mixed_precision
-from .model_kinds import get_model_kind
-from .pretrained import check_state_dict, read_weights
-from .recipe import Recipe, load_recipe
+from .model_kinds import build_model, get_model_kind
+from .runs import RECIPE_FILE
 
 __all__ = [
     "ConfusionLayout",
     "baselines",
     "confusion_layout",
     "evaluate_run",
-    "load_checked",
     "plot_confusion",
-    "resolve_weights",
 ]
 
 _logger = logging.getLogger(__name__)
-
-
-def resolve_weights(run_dir: Path, checkpoint: str, recipe: Recipe | None = None) -> Path:
-    """`best`/`last` of the run, a checkpoint directory, or a weights file -> the weights file.
-
-    A checkpoint folder is verified against its manifest (every file whole) and, given the run's `recipe`, against
-    the model it was trained with (`zoo.checkpoints`): a damaged or foreign checkpoint is a CheckpointError.
-    """
-    recipe_source = str(Path(run_dir) / "recipe.yaml")
-    if checkpoint in ("best", "last"):
-        if recipe is None:
-            found = find_checkpoint(run_dir, checkpoint)
-            if found is None:
-                raise FileNotFoundError(f"no {checkpoint!r} checkpoint in {run_dir / 'checkpoints'}")
-            verify_checkpoint(found)
-        else:
-            found, _ = usable_checkpoint(run_dir, checkpoint, recipe, recipe_source)
-        path = found
-    else:
-        path = Path(checkpoint)
-        if path.is_dir():
-            manifest = verify_checkpoint(path)
-            if recipe is not None:
-                check_recipe(manifest, recipe, path, recipe_source)
-    if path.is_dir():
-        path = path / WEIGHTS_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint weights {path} do not exist")
-    return path
-
-
-def load_checked(model: nn.Module, weights: Path) -> None:
-    """Load `weights` into `model` once they fit key by key and shape by shape (a one-line WeightsError naming
-    what differs otherwise: another architecture, size, class count; a text file, a git-lfs pointer)."""
-    state = fill_tied_weights(model, read_weights(weights))
-    check_state_dict(model, state, weights)
-    model.load_state_dict(state)
 
 
 # Geometry of the confusion plot, in points (1/72 in): a class's cell is _CELL_PT wide up to 40 classes, narrower
@@ -175,7 +135,7 @@ def _write_counts(ax, values: torch.Tensor, size: float) -> None:
     """Each count in its cell, white on the dark ones; zeros left out of a matrix of more than 20 classes."""
     classes, threshold = len(values), values.max().item() / 2
     cells = torch.cartesian_prod(torch.arange(classes), torch.arange(classes)).tolist()
-    for (row, col), count in zip(cells, values.flatten().tolist()):
+    for (row, col), count in zip(cells, values.flatten().tolist(), strict=True):
         if count == 0 and classes > _ZEROS_UP_TO:
             continue
         color = "white" if count > threshold else "black"
@@ -240,33 +200,31 @@ def _covered(face) -> set[int]:
     return set(face.get_charmap())
 
 
-def baselines(train_set: Dataset, dataset: Dataset) -> dict[str, dict[str, float]]:
+def baselines(train_set: Dataset | None, dataset: Dataset) -> dict[str, dict[str, float]]:
     """Scores of the simple rules the model should beat on `dataset` (the dataset's own `baselines(train_set)`):
     genomes -> `{"gc_nearest_mean": {"top1": ...}}`; forecasting -> `{"linear": {"mse", "mae"}, "seasonal_naive":
     {...}}` (the seasonal one where the season is known); `{}` for a dataset without baselines."""
-    rules = getattr(dataset, "baselines", None)
+    rules = split_attribute(dataset, "baselines")
     return rules(train_set) if callable(rules) else {}
 
 
 def evaluate_run(run_dir: Path, *, checkpoint: str = "best", split: str = "test") -> dict:
     """Metrics of `run_dir`'s checkpoint on `split` with the task's baselines, and for the classification tasks
-    the confusion matrix saved as a PNG beside it (`confusion_png`, None for the others)."""
-    recipe_path = Path(run_dir) / "recipe.yaml"
+    the confusion matrix saved as a PNG beside it (`confusion_png`, None for the others). The model is built from
+    the run's sizes (`model.json`); only the evaluated split is read (and the training split where the dataset's
+    baselines are fitted on it)."""
+    recipe_path = Path(run_dir) / RECIPE_FILE
     if not recipe_path.is_file():
         raise FileNotFoundError(f"{recipe_path} does not exist: is {run_dir} a run directory of tools/train.py?")
-    recipe = load_recipe(recipe_path)
-    # The checkpoint holds every weight: do not fetch pretrained ones again.
-    recipe = dataclasses.replace(
-        recipe, model=dataclasses.replace(recipe.model, pretrained=False, pretrained_file=None)
-    )
-    weights = resolve_weights(Path(run_dir), checkpoint, recipe)
+    # the run's recipe.yaml (which the user may point at other data), checked against the checkpoint
+    run = resolve_run(run_dir, checkpoint, files_from="run")
+    recipe, weights = run.recipe, run.weights
+    sizes = ModelSizes.from_json(run.description["sizes"])
+    model = build_model(recipe, sizes)
+    load_checked(model, weights)
     dataset = build_split(recipe, split)
-    # The model is sized from its training split (classes, length, channels), as in training.
-    train_set = build_split(recipe, "train")
     kind = get_model_kind(recipe.model.kind)
     task = kind.task(recipe)
-    model = kind.build(recipe, train_set, task)
-    load_checked(model, weights)
     accelerator = Accelerator(mixed_precision=resolve_mixed_precision(recipe.train.mixed_precision))
     loader = build_loader(recipe, dataset, train=False)
     model, loader = accelerator.prepare(model, loader)
@@ -278,17 +236,18 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", split: str = "test"
         task=task,
         model_inputs=kind.inputs,
         metric_names=names,
-        num_classes=task.num_outputs(train_set),
+        num_classes=task.num_outputs(sizes),
     )
     png = Path(run_dir) / f"confusion_{split}.png" if "confusion" in metrics else None
     if png is not None and accelerator.is_main_process:
-        plot_confusion(metrics["confusion"], png, getattr(dataset, "classes", None))
+        plot_confusion(metrics["confusion"], png, split_attribute(dataset, "classes"))
+    fitted = callable(split_attribute(dataset, "baselines"))
     return {
         "run_dir": str(run_dir),
         "checkpoint": str(weights),
         "split": split,
         "task": recipe.task,
         "metrics": metrics,
-        "baselines": baselines(train_set, dataset),
+        "baselines": baselines(build_split(recipe, "train") if fitted else None, dataset),
         "confusion_png": None if png is None else str(png),
     }

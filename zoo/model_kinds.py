@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ._sizes import ModelSizes
 from ._validate import did_you_mean
 from .models import create_model, create_sequence_model
 from .tasks import Task, get_task
@@ -27,11 +28,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModelKind",
+    "build_model",
     "get_model_kind",
     "list_model_kinds",
     "model_kind_for",
     "register_model_kind",
-    "sequence_length",
+    "sizes_of",
 ]
 
 
@@ -40,12 +42,14 @@ class ModelKind:
     name: str
     # data kind (zoo.data.INPUT_KINDS) -> the model.sequence.input values that read it (empty: no choice to make)
     data_kinds: Mapping[str, tuple[str, ...]]
-    # (recipe, training split, task) -> the model, sized from the split
-    build: Callable[[Recipe, Dataset, Task], nn.Module]
+    # (recipe, the run's sizes, task) -> the model
+    build: Callable[[Recipe, ModelSizes, Task], nn.Module]
     # a batch (dict) -> the model's positional inputs
     inputs: Callable[[Mapping[str, Tensor]], tuple[Tensor, ...]]
     # the recipe section whose keys configure the task (`Task.configured`), None for none
     task_section: Callable[[Recipe], Any] = lambda recipe: None
+    # its models are sized by the input length too (`ModelSizes.seq_len`)
+    reads_length: bool = False
 
     def task(self, recipe: Recipe) -> Task:
         """The recipe's task, configured by this kind's recipe section (e.g. model.sequence.forecast_loss)."""
@@ -75,6 +79,18 @@ def get_model_kind(name: str) -> ModelKind:
     return _KINDS[name]
 
 
+def sizes_of(recipe: Recipe, train_set: Dataset) -> ModelSizes:
+    """The run's `ModelSizes`, read off its training split once, when it starts (the input length only for a kind
+    that reads it)."""
+    return ModelSizes.of(train_set, length=get_model_kind(recipe.model.kind).reads_length)
+
+
+def build_model(recipe: Recipe, sizes: ModelSizes) -> nn.Module:
+    """The recipe's model (its `model.kind`, its task configured by the kind's section), built from `sizes`."""
+    kind = get_model_kind(recipe.model.kind)
+    return kind.build(recipe, sizes, kind.task(recipe))
+
+
 def model_kind_for(data_kind: str) -> ModelKind:
     """The kind that reads data of `data_kind`."""
     for kind in _KINDS.values():
@@ -83,7 +99,7 @@ def model_kind_for(data_kind: str) -> ModelKind:
     raise ValueError(f"no model kind reads {data_kind!r} data; kinds: {', '.join(_KINDS)}")
 
 
-def _build_vit(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module:
+def _build_vit(recipe: Recipe, sizes: ModelSizes, task: Task) -> nn.Module:
     cfg = recipe.model
     overrides = {
         key: getattr(cfg, key)
@@ -105,12 +121,12 @@ def _build_vit(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module:
         pretrained_file=cfg.pretrained_file,
         stem=cfg.stem,
         img_size=cfg.img_size,
-        in_chans=cfg.in_chans or train_set.in_chans,
+        in_chans=cfg.in_chans or sizes.in_chans,
         drop_rate=cfg.drop_rate,
         drop_path_rate=cfg.drop_path_rate,
         attn_drop_rate=cfg.attn_drop_rate,
         dynamic_img_size=cfg.dynamic_img_size,
-        **task.model_sizes(train_set),
+        **task.model_sizes(sizes),
         **overrides,
         **cfg.timm_kwargs,
     )
@@ -119,22 +135,9 @@ def _build_vit(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module:
     return model
 
 
-def sequence_length(dataset: Dataset) -> int:
-    """Input length of the split: its look-back, window or longest series, else its longest sequence. Never
-    the first item's: the learned position table would be stretched over every longer batch."""
-    for attr in ("lookback", "window", "max_length"):
-        if getattr(dataset, attr, None):
-            return int(getattr(dataset, attr))
-    sequences = getattr(dataset, "sequences", None)
-    if sequences is not None:
-        return max(len(sequence) for sequence in sequences)
-    samples = (dataset[i] for i in range(len(dataset)))
-    return max(len(sample["tokens"] if "tokens" in sample else sample["values"]) for sample in samples)
-
-
-def _build_sequence(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module:
-    """The 1-D model, sized from the training split: its length, channels (series), vocabulary (tokens), and
-    what the task reads from it (classes, horizon, target channels)."""
+def _build_sequence(recipe: Recipe, sizes: ModelSizes, task: Task) -> nn.Module:
+    """The 1-D model, sized by the run: its length, channels (series), vocabulary (tokens), and what the task
+    reads of the sizes (classes, horizon, target channels)."""
     cfg, seq = recipe.model, recipe.model.sequence
     shared = {
         key: value
@@ -146,12 +149,12 @@ def _build_sequence(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module
         )
         if value is not None
     }
-    sizes: dict[str, Any] = {"seq_len": sequence_length(train_set)}
+    own: dict[str, Any] = {"seq_len": sizes.seq_len}
     if seq.input == "series":
-        sizes["num_channels"] = train_set.in_chans
+        own["num_channels"] = sizes.in_chans
     elif seq.input == "tokens":
-        sizes["vocab_size"] = train_set.vocab_size
-    sizes.update(task.model_sizes(train_set))
+        own["vocab_size"] = sizes.vocab_size
+    own.update(task.model_sizes(sizes))
     return create_sequence_model(
         recipe.task,
         input=seq.input,
@@ -174,7 +177,7 @@ def _build_sequence(recipe: Recipe, train_set: Dataset, task: Task) -> nn.Module
         grad_checkpointing=cfg.grad_checkpointing,
         short_conv=seq.short_conv,
         **shared,
-        **sizes,
+        **own,
     )
 
 
@@ -191,5 +194,6 @@ register_model_kind(
         _build_sequence,
         _sequence_inputs,
         task_section=lambda recipe: recipe.model.sequence,
+        reads_length=True,
     )
 )

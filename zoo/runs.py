@@ -4,8 +4,8 @@ tools/train.py writes `model.json` beside `recipe.yaml` when training starts and
 folder, so `runs/NAME`, `runs/NAME/checkpoints/best` and the `model.safetensors` in it each say which model they
 hold (`zoo.load_model` reads any of them):
 
-- `sizes`: what the model kind read off the training split (classes, input channels, sequence length, vocabulary,
-  horizon, the forecast's columns), given back to it by `SplitSizes`, a stand-in for the split;
+- `sizes`: the run's `zoo._sizes.ModelSizes`, read off the training split when it started (classes, input channels,
+  sequence length, vocabulary, horizon, the forecast's columns); every model of the run is built from them;
 - `label_names`: one name per output class (image folders, FASTA files, MegaMNIST digits, series labels), or null;
 - `pretrained_cfg` (images): timm's preprocessing, input size, mean/std, interpolation and crop;
 - `inputs` (1-D data): what `zoo.predict` needs to turn a file into model inputs (DNA windows and tokenizer, series
@@ -17,6 +17,7 @@ tools/eval.py and `zoo.load_model` verify as they verify the engine's.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Mapping
@@ -28,9 +29,10 @@ from safetensors.torch import save_model
 from torch import nn
 from torch.utils.data import Dataset
 
+from ._sizes import ModelSizes
 from ._weights import WEIGHTS_NAME
 from .checkpoints import model_identity, replace_dir, write_manifest
-from .model_kinds import sequence_length
+from .data._interface import split_attribute
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_FILE",
     "RECIPE_FILE",
-    "SplitSizes",
     "copy_run_files",
     "describe_model",
     "read_description",
@@ -50,22 +51,8 @@ __all__ = [
 MODEL_FILE = "model.json"
 RECIPE_FILE = "recipe.yaml"
 _FORMAT = 1
-# What model kinds and tasks read off a training split to size a model (zoo.model_kinds, Task.model_sizes).
-_SIZES = ("num_classes", "in_chans", "vocab_size", "horizon", "columns", "input_index", "target_index")
 # What the 1-D sets cut their files into: dataset attribute -> meaning (see zoo.predict).
 _SEQUENCE_INPUTS = ("window", "stride", "znorm", "lookback", "horizon")
-
-
-class SplitSizes:
-    """A stand-in for a training split: the attributes `describe_model` recorded (`num_classes`, `in_chans`, ...)
-    and `max_length`, the input length `zoo.model_kinds.sequence_length` reads. Another attribute is missing."""
-
-    def __init__(self, sizes: Mapping[str, Any]) -> None:
-        self.__dict__.update(sizes)
-        self.max_length = sizes.get("seq_len")
-
-    def __repr__(self) -> str:
-        return f"SplitSizes({self.__dict__})"
 
 
 def _plain(value: Any) -> Any:
@@ -79,26 +66,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _label_names(train_set: Dataset, task: Task) -> list[str] | None:
+def _label_names(train_set: Dataset, task: Task, sizes: ModelSizes) -> list[str] | None:
     """The split's class names when there is one per output the metrics count (not a vocabulary, not a forecast)."""
-    names = getattr(train_set, "classes", None)
-    if names is None or len(names) != task.num_outputs(train_set):
+    names = split_attribute(train_set, "classes")
+    if names is None or len(names) != task.num_outputs(sizes):
         return None
     return [str(name) for name in names]
+
+
+def _attribute(train_set: Dataset, name: str, default: Any) -> Any:
+    value = split_attribute(train_set, name)
+    return default if value is None else value
 
 
 def _image_config(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
     """timm's preprocessing keys of the run: the model's input size, the split's normalisation, and its resize
     (a set without `mean`/`std` is taken to give images in [0, 1], used as they are; one without `crop_pct` to
     give whole images)."""
-    in_chans = recipe.model.in_chans or train_set.in_chans
+    in_chans = recipe.model.in_chans or split_attribute(train_set, "in_chans")
+    read = functools.partial(_attribute, train_set)
     return {
         "input_size": [in_chans, recipe.model.img_size, recipe.model.img_size],
-        "mean": _plain(getattr(train_set, "mean", [0.0])),
-        "std": _plain(getattr(train_set, "std", [1.0])),
-        "interpolation": getattr(train_set, "interpolation", "bilinear"),
-        "crop_pct": float(getattr(train_set, "crop_pct", 1.0)),
-        "crop_mode": getattr(train_set, "crop_mode", "center"),
+        "mean": _plain(read("mean", [0.0])),
+        "std": _plain(read("std", [1.0])),
+        "interpolation": read("interpolation", "bilinear"),
+        "crop_pct": float(read("crop_pct", 1.0)),
+        "crop_mode": read("crop_mode", "center"),
         "fixed_input_size": not recipe.model.dynamic_img_size,
     }
 
@@ -107,25 +100,25 @@ def _sequence_inputs(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
     """How the split cut and encoded its files: windows, tokenizer, normalisation, a forecast's columns."""
     inputs: dict[str, Any] = {"input": recipe.model.sequence.input}
     for name in _SEQUENCE_INPUTS:
-        if getattr(train_set, name, None) is not None:
-            inputs[name] = _plain(getattr(train_set, name))
-    tokenizer = getattr(train_set, "tokenizer", None)
+        if split_attribute(train_set, name) is not None:
+            inputs[name] = _plain(split_attribute(train_set, name))
+    tokenizer = split_attribute(train_set, "tokenizer")
     if tokenizer is not None:
         inputs["tokenizer"] = {"k": tokenizer.k, "overlapping": tokenizer.overlapping, "add_cls": tokenizer.add_cls}
         # Genomic Benchmarks' truncation (a series set's max_length is its longest series, not a cut)
-        if getattr(train_set, "max_length", None) is not None:
-            inputs["max_length"] = int(train_set.max_length)
+        if split_attribute(train_set, "max_length") is not None:
+            inputs["max_length"] = int(split_attribute(train_set, "max_length"))
     if recipe.model.sequence.input == "series":
         # what a missing value in a file does (zoo.data._tables: error, mask or interpolate)
         inputs["nan"] = recipe.data.options.get("nan", "error")
     if recipe.task == "forecast":
-        columns = list(train_set.columns)
+        columns = list(split_attribute(train_set, "columns"))
         inputs.update(
             columns=columns,
-            inputs=[columns[i] for i in train_set.input_index],
-            targets=[columns[i] for i in train_set.target_index],
-            mean=_plain(train_set.mean),
-            std=_plain(train_set.std),
+            inputs=[columns[i] for i in split_attribute(train_set, "input_index")],
+            targets=[columns[i] for i in split_attribute(train_set, "target_index")],
+            mean=_plain(split_attribute(train_set, "mean")),
+            std=_plain(split_attribute(train_set, "std")),
         )
     elif recipe.model.sequence.input == "series":
         # the column of a CSV file that holds the labels, not a time step (zoo.data.timeseries.CsvSeriesDataset)
@@ -133,22 +126,20 @@ def _sequence_inputs(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
     return inputs
 
 
-def describe_model(recipe: Recipe, train_set: Dataset, task: Task) -> dict[str, Any]:
-    """`model.json`'s content for the model `recipe` builds from `train_set` (see the module docstring)."""
+def describe_model(recipe: Recipe, train_set: Dataset, task: Task, sizes: ModelSizes) -> dict[str, Any]:
+    """`model.json`'s content for the model `recipe` builds from `sizes`, the run's sizes of `train_set` (see the
+    module docstring)."""
     from .data import get_dataset  # the dataset modules load only when a run is described
 
     data_kind = get_dataset(recipe.data.name).kind
-    sizes = {name: _plain(getattr(train_set, name)) for name in _SIZES if getattr(train_set, name, None) is not None}
-    if data_kind != "image":
-        sizes["seq_len"] = sequence_length(train_set)
     description: dict[str, Any] = {
         "format": _FORMAT,
         "kind": recipe.model.kind,
         "task": recipe.task,
         "data": recipe.data.name,
         "input": data_kind,
-        "label_names": _label_names(train_set, task),
-        "sizes": sizes,
+        "label_names": _label_names(train_set, task, sizes),
+        "sizes": sizes.to_json(),
     }
     if data_kind == "image":
         description["pretrained_cfg"] = _image_config(recipe, train_set)

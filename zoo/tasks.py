@@ -8,7 +8,7 @@ and "predict the next token", for the image ViT and the 1-D `SequenceModel` alik
   averages (`loss_units`, so that a whole split's loss is the mean over the same terms);
 - its metrics: the allowed names, the defaults, the validation metric that picks the best checkpoint, and the
   `(preds, target)` pair every metric takes (`metric_inputs`);
-- how it sizes a model from the training split (`model_sizes`: classes, vocabulary, horizon and channels) and
+- what it reads of the run's `ModelSizes` (`model_sizes`: classes, vocabulary, horizon and channels) and
   which head a 1-D model needs (`build_head`);
 - the 1-D model inputs it takes, and the `model.sequence` options only it uses.
 
@@ -34,6 +34,8 @@ from .models.heads import ClassificationHead, ForecastHead, LanguageModelHead, T
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
     from torchmetrics import MetricCollection
+
+    from ._sizes import ModelSizes
 
 __all__ = [
     "IGNORE_INDEX",
@@ -146,11 +148,11 @@ class Task:
         name, higher_is_better = self.selection
         return (name, higher_is_better) if name in metric_names else ("loss", False)
 
-    def model_sizes(self, dataset: Any) -> dict[str, Any]:
-        """Model sizes read from the training split (`num_classes`, `vocab_size`, `horizon`, ...)."""
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
+        """The model's keyword arguments of the task's sizes (`num_classes`, `vocab_size`, `horizon`, ...)."""
         return {}
 
-    def num_outputs(self, dataset: Any) -> int:
+    def num_outputs(self, sizes: ModelSizes) -> int:
         """Classes the metrics count: the classes, the vocabulary, or 0 where nothing is counted."""
         return 0
 
@@ -177,11 +179,11 @@ class Classification(Task):
     def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
         return F.cross_entropy(outputs.float(), targets, label_smoothing=label_smoothing)
 
-    def model_sizes(self, dataset: Any) -> dict[str, Any]:
-        return {"num_classes": dataset.num_classes}
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
+        return {"num_classes": sizes.num_classes}
 
-    def num_outputs(self, dataset: Any) -> int:
-        return dataset.num_classes
+    def num_outputs(self, sizes: ModelSizes) -> int:
+        return sizes.num_classes
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "num_classes", spec.num_classes)
@@ -217,11 +219,11 @@ class TokenClassification(Task):
             targets = targets.masked_fill(~mask, IGNORE_INDEX)
         return rearrange(outputs.float(), "b l k -> (b l) k"), targets.flatten()
 
-    def model_sizes(self, dataset: Any) -> dict[str, Any]:
-        return {"num_classes": dataset.num_classes}
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
+        return {"num_classes": sizes.num_classes}
 
-    def num_outputs(self, dataset: Any) -> int:
-        return dataset.num_classes
+    def num_outputs(self, sizes: ModelSizes) -> int:
+        return sizes.num_classes
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "num_classes", spec.num_classes)
@@ -272,15 +274,15 @@ class Forecast(Task):
     def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
         return targets.numel()
 
-    def model_sizes(self, dataset: Any) -> dict[str, Any]:
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
         """Channels in, horizon, and which input channels are the targets (None: all of them, in order)."""
-        inputs, targets = list(dataset.input_index), list(dataset.target_index)
-        missing = [dataset.columns[t] for t in targets if t not in inputs]
+        inputs, targets = list(sizes.input_index), list(sizes.target_index)
+        missing = [sizes.columns[t] for t in targets if t not in inputs]
         if missing:
-            names = [dataset.columns[i] for i in inputs]
+            names = [sizes.columns[i] for i in inputs]
             raise ValueError(f"data.options.targets {missing} must be among the inputs {names}")
         channels = None if targets == inputs else [inputs.index(t) for t in targets]
-        return {"num_channels": len(inputs), "horizon": dataset.horizon, "target_channels": channels}
+        return {"num_channels": len(inputs), "horizon": sizes.horizon, "target_channels": channels}
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         if not (spec.seq_len and spec.horizon):
@@ -328,11 +330,11 @@ class CausalLanguageModelling(Task):
             next_tokens = next_tokens.masked_fill(~mask[:, 1:], IGNORE_INDEX)
         return rearrange(outputs[:, :-1].float(), "b n v -> (b n) v"), next_tokens.flatten()
 
-    def model_sizes(self, dataset: Any) -> dict[str, Any]:
-        return {"vocab_size": dataset.vocab_size}
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
+        return {"vocab_size": sizes.vocab_size}
 
-    def num_outputs(self, dataset: Any) -> int:
-        return dataset.vocab_size
+    def num_outputs(self, sizes: ModelSizes) -> int:
+        return sizes.vocab_size
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "vocab_size", spec.vocab_size)

@@ -33,7 +33,7 @@ from zoo.cli import run_cli
 from zoo.convert import finetune
 from zoo.convert_run import ImagePairs, convert_run, evaluate_model
 from zoo.engine import Trainer, build_loader, build_split
-from zoo.model_kinds import get_model_kind
+from zoo.model_kinds import get_model_kind, sizes_of
 from zoo.recipe import Recipe, load_recipe
 
 from .machine import REPO_ROOT as ROOT
@@ -108,7 +108,7 @@ def from_scratch(recipe: Recipe, steps: int, lr: float) -> float:
     kind = get_model_kind(recipe.model.kind)
     task = kind.task(recipe)
     train_set = build_split(recipe, "train")
-    model = kind.build(recipe, train_set, task)
+    model = kind.build(recipe, sizes_of(recipe, train_set), task)
     pairs = ImagePairs(build_loader(recipe, train_set, train=True))
     finetune(model, pairs, steps, lr=lr, loss_fn=lambda logits, labels: task.loss(logits, labels))
     return _top1(evaluate_model(model.eval(), recipe, "test"))
@@ -153,7 +153,8 @@ def _has_own_parameters(recipe: Recipe) -> bool:
     from zoo.convert import attention_parameters
 
     kind = get_model_kind(recipe.model.kind)
-    return bool(attention_parameters(kind.build(recipe, build_split(recipe, "train"), kind.task(recipe))))
+    sizes = sizes_of(recipe, build_split(recipe, "train"))
+    return bool(attention_parameters(kind.build(recipe, sizes, kind.task(recipe))))
 
 
 def run_benchmark(settings: Settings) -> dict[str, Any]:
