@@ -9,19 +9,15 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
 import zoo
 from zoo.attention import _flex
-from zoo.attention._flex import (
-    bigbird_mask,
-    block_mask,
-    dilated_mask,
-    flex_attend,
-    local_mask,
-    longformer_mask,
-    neighborhood_mask,
-    sparse_mask,
-    window2d_mask,
-)
-from zoo.attention.neighborhood import neighborhood_keep
-from zoo.attention.window2d import dense_reference, window2d_keep
+from zoo.attention._blocks import allowed_attention
+from zoo.attention._flex import block_mask, flex_attend
+from zoo.attention.bigbird import bigbird_mask
+from zoo.attention.dilated import dilated_mask
+from zoo.attention.local import local_mask
+from zoo.attention.longformer import longformer_mask
+from zoo.attention.neighborhood import neighborhood_keep, neighborhood_mask
+from zoo.attention.sparse import sparse_mask
+from zoo.attention.window2d import window2d_keep, window2d_mask
 
 DIM, HEADS, BATCH = 32, 2, 2
 CPU = torch.device("cpu")
@@ -85,7 +81,7 @@ def assert_pattern_is_the_familys(module, pattern, n: int, is_causal: bool) -> N
     allowed = dense(pattern, n, HEADS if pattern.per_head else 1)
     for mask in (None, padding(n)):
         expected = module.attend(q, k, v, mask, is_causal)
-        torch.testing.assert_close(dense_reference(q, k, v, allowed, mask, module.scale, 0.0), expected)
+        torch.testing.assert_close(allowed_attention(q, k, v, allowed, mask, module.scale, 0.0), expected)
 
 
 @pytest.mark.parametrize("name,options,build", ONE_D, ids=lambda x: str(x) if not callable(x) else "")
@@ -111,7 +107,7 @@ def test_bigbird_mask_depends_on_the_head():
 
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9), (9, 13)])
 @pytest.mark.parametrize("window,shift", [(1, 0), (3, 0), (3, 1), (4, 2), (5, 4), (20, 3)])
-def test_window2d_mask_is_the_dense_reference(grid, window, shift, prefix=2):
+def test_window2d_mask_is_the_allowed_attention(grid, window, shift, prefix=2):
     pattern = window2d_mask(grid, prefix, window, shift, CPU)
     n = prefix + grid[0] * grid[1]
     torch.testing.assert_close(dense(pattern, n)[0], window2d_keep(grid, prefix, window, shift))
@@ -119,7 +115,7 @@ def test_window2d_mask_is_the_dense_reference(grid, window, shift, prefix=2):
 
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9), (9, 13)])
 @pytest.mark.parametrize("kernel,dilation", [(1, 1), (3, 1), (5, 1), (3, 2), (5, 2), (3, 3), (9, 1)])
-def test_neighborhood_mask_is_the_dense_reference(grid, kernel, dilation, prefix=2):
+def test_neighborhood_mask_is_the_allowed_attention(grid, kernel, dilation, prefix=2):
     pattern = neighborhood_mask(grid, prefix, kernel, dilation, CPU)
     n = prefix + grid[0] * grid[1]
     torch.testing.assert_close(dense(pattern, n)[0], neighborhood_keep(grid, prefix, kernel, dilation))

@@ -7,8 +7,8 @@ from kernel_reference import grads
 
 import zoo
 from zoo.attention import neighborhood
+from zoo.attention._blocks import allowed_attention
 from zoo.attention.neighborhood import axis_neighbors, neighborhood_attention, neighborhood_keep
-from zoo.attention.window2d import dense_reference
 
 DIM, HEADS = 32, 2
 
@@ -76,14 +76,14 @@ def test_an_axis_shorter_than_the_kernel_is_seen_whole():
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (11, 13), (1, 9), (3, 2)])
 @pytest.mark.parametrize("kernel,dilation", [(1, 1), (3, 1), (5, 1), (3, 2), (3, 3), (7, 1)])
 @pytest.mark.parametrize("prefix,masked", [(0, False), (2, True)])
-def test_torch_path_matches_the_dense_reference(grid, kernel, dilation, prefix, masked):
+def test_torch_path_matches_the_allowed_attention(grid, kernel, dilation, prefix, masked):
     n = prefix + grid[0] * grid[1]
     q, k, v = qkv(n)
     mask = padding(n) if masked else None
     out = neighborhood_attention(
         q, k, v, mask, grid_size=grid, num_prefix_tokens=prefix, kernel=kernel, dilation=dilation
     )
-    expected = dense_reference(q, k, v, neighborhood_keep(grid, prefix, kernel, dilation), mask, None, 0.0)
+    expected = allowed_attention(q, k, v, neighborhood_keep(grid, prefix, kernel, dilation), mask, None, 0.0)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
         torch.testing.assert_close(got, want)
@@ -96,7 +96,7 @@ def test_any_tile_size_gives_the_same_result(monkeypatch, tile):
     q, k, v = (x.detach() for x in qkv(n))
     mask = padding(n)
     out = neighborhood_attention(q, k, v, mask, grid_size=grid, num_prefix_tokens=1, kernel=5, dilation=1)
-    expected = dense_reference(q, k, v, neighborhood_keep(grid, 1, 5, 1), mask, None, 0.0)
+    expected = allowed_attention(q, k, v, neighborhood_keep(grid, 1, 5, 1), mask, None, 0.0)
     torch.testing.assert_close(out, expected)
 
 

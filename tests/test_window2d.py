@@ -6,7 +6,8 @@ import torch
 from kernel_reference import grads
 
 import zoo
-from zoo.attention.window2d import dense_reference, window2d_attention, window2d_keep
+from zoo.attention._blocks import allowed_attention
+from zoo.attention.window2d import window2d_attention, window2d_keep
 
 DIM, HEADS = 32, 2
 
@@ -32,14 +33,14 @@ def make(name: str = "window2d", **options):
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9)])
 @pytest.mark.parametrize("window,shift", [(1, 0), (2, 0), (3, 1), (4, 2), (5, 3)])
 @pytest.mark.parametrize("prefix,masked", [(0, False), (2, True)])
-def test_torch_path_matches_the_dense_reference(grid, window, shift, prefix, masked):
+def test_torch_path_matches_the_allowed_attention(grid, window, shift, prefix, masked):
     n = prefix + grid[0] * grid[1]
     q, k, v = qkv(n)
     mask = padding(n) if masked else None
     options = {"grid_size": grid, "num_prefix_tokens": prefix, "window": window, "shift": shift}
     out = window2d_attention(q, k, v, mask, **options)
     allowed = window2d_keep(grid, prefix, window, shift)
-    expected = dense_reference(q, k, v, allowed, mask, None, 0.0)
+    expected = allowed_attention(q, k, v, allowed, mask, None, 0.0)
     torch.testing.assert_close(out, expected)
     for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
         torch.testing.assert_close(got, want)
@@ -74,7 +75,7 @@ def test_shifted_windows_are_swins_mask(grid, window, shift):
     allowed = torch.ones(n, n, dtype=torch.bool)
     allowed[1:, 1:] = expected
     out = window2d_attention(q, k, v, grid_size=grid, num_prefix_tokens=1, window=window, shift=shift)
-    torch.testing.assert_close(out, dense_reference(q, k, v, allowed, None, None, 0.0))
+    torch.testing.assert_close(out, allowed_attention(q, k, v, allowed, None, None, 0.0))
 
 
 def test_unshifted_windows_are_sams_partition():

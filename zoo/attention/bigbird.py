@@ -23,7 +23,7 @@ from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, allowed_attention, as_sdpa_mask, rows_attention
 from ._common import AttentionBase
 from ._flash_parts import Part, parts_attention, use_flash_parts
-from ._flex import bigbird_mask, check_backend, flex_attend, use_flex
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 from ._seeded import host_int, random_bits
 
@@ -32,6 +32,8 @@ __all__ = [
     "bigbird_allowed",
     "bigbird_attention",
     "bigbird_layout",
+    "bigbird_mask",
+    "block_table",
     "draw_random_blocks",
     "global_blocks",
 ]
@@ -77,18 +79,43 @@ def _draw_random_blocks(num_blocks: int, num_heads: int, num_random: int, seed: 
     return F.pad(picks, (0, num_random - picks.shape[-1]), value=-1)
 
 
-def bigbird_allowed(n: int, block_size: int, random_blocks: Tensor) -> Tensor:
-    """`[h, n, n]` bool, True where query i sees key j: its window of 3 blocks, the global blocks both ways, its
-    random blocks (`random_blocks` `[h, k, r]`, -1 = none)."""
-    layout = bigbird_layout(n, block_size)
-    blocks, device = layout.num_blocks, random_blocks.device
-    block_of = torch.arange(n, device=device) // layout.block
-    is_global = torch.isin(block_of, torch.tensor(global_blocks(blocks), device=device))
-    allowed = ((block_of[:, None] - block_of).abs() <= 1) | is_global[None] | is_global[:, None]
-    # [h, query block, key block]; a missing pick (-1) marks an extra column that is dropped.
+def block_table(random_blocks: Tensor) -> Tensor:
+    """`[h, k, k]` bool, True where query block i sees key block j: its window of 3 blocks, the global blocks both
+    ways, its random blocks (`random_blocks` `[h, k, r]`, -1 = none)."""
+    heads, blocks, _ = random_blocks.shape
+    index = torch.arange(blocks, device=random_blocks.device)
+    is_global = torch.isin(index, torch.tensor(global_blocks(blocks), device=index.device))
+    table = ((index[:, None] - index).abs() <= 1) | is_global | is_global[:, None]
+    # A missing pick (-1) marks an extra column that is dropped.
     picks = torch.where(random_blocks >= 0, random_blocks, blocks)
-    picked = torch.zeros(*picks.shape[:2], blocks + 1, dtype=torch.bool, device=device).scatter_(2, picks, True)
-    return allowed | picked[:, block_of][:, :, block_of]
+    picked = torch.zeros(heads, blocks, blocks + 1, dtype=torch.bool, device=index.device).scatter_(2, picks, True)
+    return table | picked[..., :blocks]
+
+
+def bigbird_allowed(n: int, block_size: int, random_blocks: Tensor) -> Tensor:
+    """`[h, n, n]` bool, True where query i sees key j (`block_table` of their blocks)."""
+    block_of = torch.arange(n, device=random_blocks.device) // bigbird_layout(n, block_size).block
+    return block_table(random_blocks)[:, block_of][:, :, block_of]
+
+
+def bigbird_mask(length: int, block_size: int, random_blocks: Tensor, device: torch.device) -> FlexMask:
+    """The FlexAttention pattern over `length` positions: `bigbird_allowed` per head, looked up in a `[h, k, k]`
+    table of query block against key block. Cached by the random blocks' values."""
+    picks = random_blocks.detach().to("cpu", torch.long).contiguous()
+    return _bigbird_mask(length, block_size, (tuple(picks.shape), picks.numpy().tobytes()), device)
+
+
+@functools.lru_cache(maxsize=64)
+def _bigbird_mask(length: int, block_size: int, key: tuple, device: torch.device) -> FlexMask:
+    shape, raw = key
+    picks = torch.frombuffer(bytearray(raw), dtype=torch.long).view(shape).to(device)  # [h, k, r]
+    table = block_table(picks)  # [h, k, k]: query block, key block
+    block_of = torch.arange(length, device=device) // bigbird_layout(length, block_size).block
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return table[h, block_of[q_idx], block_of[kv_idx]]
+
+    return FlexMask(mask_mod, length, per_head=True)
 
 
 def bigbird_attention(

@@ -24,11 +24,26 @@ from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, band_keep, position_offsets
 from ._common import AttentionBase, pad_to_multiple
 from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
-from ._flex import check_backend, dilated_mask, flex_attend, use_flex
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 from .local import local_attention
 
-__all__ = ["DilatedAttention", "dilated_attention"]
+__all__ = ["DilatedAttention", "dilated_allowed", "dilated_attention", "dilated_mask"]
+
+
+def dilated_allowed(offsets: Tensor, window: int, dilation: int, is_causal: bool) -> Tensor:
+    """True where query - key `offsets` (any shape) lie in the window, a multiple of `dilation` apart."""
+    return band_keep(offsets, window, is_causal) & (offsets % dilation == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def dilated_mask(window: int, dilation: int, is_causal: bool = False) -> FlexMask:
+    """The FlexAttention pattern, `dilated_allowed` on i - j."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dilated_allowed(q_idx - kv_idx, window, dilation, is_causal)
+
+    return FlexMask(mask_mod)
 
 
 def dilated_attention(
@@ -54,8 +69,7 @@ def dilated_attention(
         raise ValueError(f"window={window} is shorter than dilation={dilation}: no key but the query itself")
     b, _, n, d = q.shape
     if reference:
-        offsets = position_offsets(n, q.device)
-        allowed = band_keep(offsets, window, is_causal) & (offsets % dilation == 0)
+        allowed = dilated_allowed(position_offsets(n, q.device), window, dilation, is_causal)
         return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     if dilation == 1:
         return local_attention(q, k, v, mask, is_causal, window=window, scale=scale, dropout_p=dropout_p)

@@ -21,10 +21,10 @@ from .._validate import check_bool, check_int
 from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
 from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
-from ._flex import check_backend, flex_attend, local_mask, use_flex
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 
-__all__ = ["LocalAttention", "local_attention"]
+__all__ = ["LocalAttention", "local_attention", "local_mask"]
 
 
 def local_attention(
@@ -68,6 +68,16 @@ def local_attention(
         scale=scale,
     )
     return layout.unblock(out, b)
+
+
+@functools.lru_cache(maxsize=64)
+def local_mask(window: int, is_causal: bool = False) -> FlexMask:
+    """The FlexAttention pattern: |i - j| <= window (causal: 0 <= i - j <= window), as `band_keep`."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return band_keep(q_idx - kv_idx, window, is_causal)
+
+    return FlexMask(mask_mod)
 
 
 @register_attention("local")

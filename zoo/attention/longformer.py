@@ -19,13 +19,46 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validate import check_bool, check_int
-from ._blocks import allowed_attention, as_sdpa_mask, band_keep, position_offsets, rows_attention, window_layout
+from ._blocks import allowed_attention, as_sdpa_mask, band_keep, rows_attention, window_layout
 from ._common import AttentionBase
 from ._flash_parts import Part, additive, band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
-from ._flex import check_backend, flex_attend, longformer_mask, use_flex
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 
-__all__ = ["LongformerAttention", "longformer_attention"]
+__all__ = ["LongformerAttention", "longformer_attention", "longformer_mask"]
+
+
+def _is_global(length: int, global_indices: Sequence[int], device: torch.device) -> Tensor:
+    """`[length]` bool, True at the global positions."""
+    is_global = torch.zeros(length, dtype=torch.bool, device=device)
+    is_global[list(global_indices)] = True
+    return is_global
+
+
+def _sees(q_idx: Tensor, kv_idx: Tensor, is_global: Tensor, window: int, is_causal: bool) -> Tensor:
+    """True where query position `q_idx` sees key position `kv_idx` (broadcast): its window, or either one global
+    (causal: j <= i throughout). The dense reference and the FlexAttention pattern both."""
+    allowed = band_keep(q_idx - kv_idx, window, is_causal) | is_global[q_idx] | is_global[kv_idx]
+    return allowed & (kv_idx <= q_idx) if is_causal else allowed
+
+
+def longformer_mask(
+    length: int, window: int, global_indices: Sequence[int], is_causal: bool, device: torch.device
+) -> FlexMask:
+    """The FlexAttention pattern over `length` positions (`_sees`); cached by the global positions' values."""
+    return _longformer_mask(length, window, tuple(global_indices), is_causal, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _longformer_mask(
+    length: int, window: int, global_indices: tuple[int, ...], is_causal: bool, device: torch.device
+) -> FlexMask:
+    is_global = _is_global(length, global_indices, device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _sees(q_idx, kv_idx, is_global, window, is_causal)
+
+    return FlexMask(mask_mod, length)
 
 
 def longformer_attention(
@@ -51,10 +84,10 @@ def longformer_attention(
     _check_global_indices(global_indices, n)
     rows = torch.tensor(list(global_indices), dtype=torch.long, device=q.device)
     if reference:
-        offsets = position_offsets(n, q.device)
-        is_global = torch.zeros(n, dtype=torch.bool, device=q.device).index_fill_(0, rows, True)
-        allowed = band_keep(offsets, window, is_causal) | is_global[None] | is_global[:, None]
-        return allowed_attention(q, k, v, allowed & (offsets >= 0) if is_causal else allowed, mask, scale, dropout_p)
+        positions = torch.arange(n, device=q.device)
+        is_global = _is_global(n, global_indices, q.device)
+        allowed = _sees(positions[:, None], positions, is_global, window, is_causal)
+        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
     lengths = prefix_lengths(q, mask, dropout_p)
     # every global position inside each non-empty prefix (an empty sample's rows are zero either way)
     if lengths is not None and max(global_indices, default=-1) < min((kept for kept in lengths if kept), default=n):

@@ -12,7 +12,9 @@ kernel covering the grid is exact softmax attention.
 
 The torch path cuts each dilation group into tiles of queries; a tile's keys are the (tile + kernel - 1)-wide
 region holding all its queries' neighbourhoods, gathered once, and a `[tile, region]` mask keeps each query's
-own kernel x kernel keys: one SDPA call over all tiles, O(n (tile + kernel)^2) work, no n x n tensor.
+own kernel x kernel keys: one SDPA call over all tiles, O(n (tile + kernel)^2) work, no n x n tensor. The
+window along an axis is `clamped_window` (per cell: `axis_neighborhood`), from which come the dense pattern
+(`neighborhood_keep`), the FlexAttention pattern (`neighborhood_mask`) and the tiles' masks.
 
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens, y / x - grid rows /
 columns, gy / gx - tiles along them, ty / tx - rows / columns of a tile, ry / rx - of its key region.
@@ -20,6 +22,7 @@ columns, gy / gx - tiles along them, ty / tx - rows / columns of a tile, ry / rx
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -28,11 +31,19 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from .._validate import check_int
-from ._flex import neighborhood_mask
+from ._flex import FlexMask
+from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, prefix_table, with_prefix
 from ._registry import register_attention
-from .window2d import GridAttention, check_tokens, global_rows, masked_sdpa
 
-__all__ = ["NeighborhoodAttention", "neighborhood_attention", "neighborhood_keep"]
+__all__ = [
+    "NeighborhoodAttention",
+    "axis_neighborhood",
+    "axis_neighbors",
+    "clamped_window",
+    "neighborhood_attention",
+    "neighborhood_keep",
+    "neighborhood_mask",
+]
 
 # Queries per tile side. CPU, one thread, fwd + bwd, 64 x 64 grid, 4 heads of 32, tiles 4 / 8 / 12 / 16: kernel 7
 # 92 / 47 / 72 / 69 ms, kernel 13 243 / 97 / 134 / 116, kernel 23 625 / 242 / 266 / 226. Smaller tiles gather fewer
@@ -40,15 +51,27 @@ __all__ = ["NeighborhoodAttention", "neighborhood_attention", "neighborhood_keep
 TILE = 8
 
 
-def axis_neighbors(length: int, kernel: int, dilation: int, device=None) -> Tensor:
-    """`[length, length]` bool: cell j is in the neighbourhood of cell i along an axis of `length` cells."""
+def clamped_window(step: Tensor, group_length: Tensor | int, kernel: int) -> tuple[Tensor, Tensor]:
+    """NATTEN's window along one dilation group of `group_length` cells: for the query at `step` (any shape) the
+    first cell it sees, clamp(step - size // 2, 0, group_length - size), and the window's size, min(kernel,
+    group_length) cells."""
+    size = torch.as_tensor(group_length, device=step.device).clamp(max=kernel)
+    return torch.minimum((step - size // 2).clamp(min=0), group_length - size), size
+
+
+def axis_neighborhood(length: int, kernel: int, dilation: int, device=None) -> tuple[Tensor, ...]:
+    """Along an axis of `length` cells, per cell `[length]` long: its dilation group (cells equal mod dilation), its
+    step in the group, and the first and one-past-last step of its neighbourhood."""
     cell = torch.arange(length, device=device)
     group, step = cell % dilation, cell // dilation
-    group_length = (length - group + dilation - 1) // dilation
-    size = group_length.clamp(max=kernel)  # cells of the neighbourhood
-    start = torch.minimum((step - size // 2).clamp(min=0), group_length - size)
-    inside = (step >= start[:, None]) & (step < (start + size)[:, None])
-    return (group[:, None] == group) & inside
+    start, size = clamped_window(step, (length - group + dilation - 1) // dilation, kernel)
+    return group, step, start, start + size
+
+
+def axis_neighbors(length: int, kernel: int, dilation: int, device=None) -> Tensor:
+    """`[length, length]` bool: cell j is in the neighbourhood of cell i along an axis of `length` cells."""
+    group, step, start, stop = axis_neighborhood(length, kernel, dilation, device)
+    return (group[:, None] == group) & (step >= start[:, None]) & (step < stop[:, None])
 
 
 def neighborhood_keep(
@@ -59,10 +82,31 @@ def neighborhood_keep(
     along_rows = axis_neighbors(rows, kernel, dilation, device)
     along_cols = axis_neighbors(cols, kernel, dilation, device)
     patches = rearrange(along_rows[:, None, :, None] & along_cols[None, :, None, :], "y x i j -> (y x) (i j)")
-    n = num_prefix_tokens + rows * cols
-    keep = torch.ones(n, n, dtype=torch.bool, device=device)
-    keep[num_prefix_tokens:, num_prefix_tokens:] = patches
-    return keep
+    return with_prefix(patches, num_prefix_tokens)
+
+
+@functools.lru_cache(maxsize=64)
+def neighborhood_mask(
+    grid_size: tuple[int, int], num_prefix_tokens: int, kernel: int, dilation: int, device: torch.device
+) -> FlexMask:
+    """The FlexAttention pattern: per token, the `axis_neighborhood` tables of its row and column."""
+    p = num_prefix_tokens
+    tables = []
+    for coord, length in zip(grid_coordinates(grid_size, device), grid_size, strict=True):
+        # Per token: its dilation group, its step in the group and the first and one-past-last step it sees.
+        tables.append([prefix_table(x[coord], p) for x in axis_neighborhood(length, kernel, dilation, device)])
+    (row_group, row, row_low, row_high), (col_group, col, col_low, col_high) = tables
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rows = (
+            (row_group[kv_idx] == row_group[q_idx]) & (row[kv_idx] >= row_low[q_idx]) & (row[kv_idx] < row_high[q_idx])
+        )
+        cols = (
+            (col_group[kv_idx] == col_group[q_idx]) & (col[kv_idx] >= col_low[q_idx]) & (col[kv_idx] < col_high[q_idx])
+        )
+        return (rows & cols) | (q_idx < p) | (kv_idx < p)
+
+    return FlexMask(mask_mod, p + grid_size[0] * grid_size[1])
 
 
 def _axis_tiles(length: int, kernel: int, tile: int, device) -> tuple[Tensor, Tensor]:
@@ -74,7 +118,7 @@ def _axis_tiles(length: int, kernel: int, tile: int, device) -> tuple[Tensor, Te
     start = (first - size // 2).clamp(0, length - region)
     keys = start[:, None] + torch.arange(region, device=device)  # [g, r]
     queries = first[:, None] + torch.arange(tile, device=device)  # [g, tile]
-    low = (queries - size // 2).clamp(0, length - size)
+    low, _ = clamped_window(queries, length, kernel)
     seen = (keys[:, None, :] >= low[..., None]) & (keys[:, None, :] < low[..., None] + size)
     return keys, seen
 

@@ -16,6 +16,7 @@ pattern as a dense `[n, n]` mask over exact softmax, for the tests.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -29,14 +30,13 @@ from ._blocks import (
     band_keep,
     merge_partials,
     partial_attention,
-    position_offsets,
     window_layout,
 )
 from ._common import AttentionBase
-from ._flex import check_backend, flex_attend, sparse_mask, use_flex
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
 from ._registry import register_attention
 
-__all__ = ["SparseAttention", "sparse_allowed", "sparse_attention"]
+__all__ = ["SparseAttention", "sparse_allowed", "sparse_attention", "sparse_mask"]
 
 PATTERNS = ("strided", "fixed")
 
@@ -79,16 +79,31 @@ def _summaries(
     return partial_attention(q, k, v, keep, scale, dropout_p)
 
 
-def sparse_allowed(n: int, pattern: str, block: int, num_summary: int, is_causal: bool, device: torch.device) -> Tensor:
-    """`[n, n]` bool, True where query i sees key j, from the paper's definition of each pattern."""
-    offsets = position_offsets(n, device)
+def _sees(q_idx: Tensor, kv_idx: Tensor, pattern: str, block: int, num_summary: int, is_causal: bool) -> Tensor:
+    """True where query position `q_idx` sees key position `kv_idx` (broadcast), from the paper's definition of
+    each pattern: the dense reference and the FlexAttention pattern both."""
+    offsets = q_idx - kv_idx
     if pattern == "strided":
         allowed = (offsets.abs() <= block) | (offsets % block == 0)
     else:
-        positions = torch.arange(n, device=device)
-        same_block = positions[:, None] // block == positions // block
-        allowed = same_block | (positions % block >= block - num_summary)
+        allowed = (q_idx // block == kv_idx // block) | (kv_idx % block >= block - num_summary)
     return allowed & (offsets >= 0) if is_causal else allowed
+
+
+def sparse_allowed(n: int, pattern: str, block: int, num_summary: int, is_causal: bool, device: torch.device) -> Tensor:
+    """`[n, n]` bool, True where query i sees key j."""
+    positions = torch.arange(n, device=device)
+    return _sees(positions[:, None], positions, pattern, block, num_summary, is_causal)
+
+
+@functools.lru_cache(maxsize=64)
+def sparse_mask(length: int, pattern: str, block: int, num_summary: int, is_causal: bool = False) -> FlexMask:
+    """The FlexAttention pattern over `length` positions (`_sees`)."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return _sees(q_idx, kv_idx, pattern, block, num_summary, is_causal)
+
+    return FlexMask(mask_mod, length)
 
 
 def sparse_attention(

@@ -12,7 +12,9 @@ the regions the roll wraps around, which is the same as window boundaries at s, 
 window of s cells, computed here by padding window - s cells before the grid. An axis no longer than the window
 is one window and is not shifted (Swin's rule, per axis). A window covering the grid is exact softmax attention.
 
-Shared with `neighborhood`: `GridAttention` (the grid options, `set_grid`, the backends) and the dense reference.
+The window geometry is `axis_windows` / `window_ids`, from which come the dense pattern (`window2d_keep`), the
+FlexAttention pattern (`window2d_mask`) and the torch path's partition. The grid options, `set_grid` and the
+backends are `_grid.GridAttention`'s, shared with `neighborhood`.
 
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens, y / x - grid rows /
 columns, gy / gx - windows along them, wy / wx - rows / columns of a window, g - windows.
@@ -20,6 +22,7 @@ columns, gy / gx - windows along them, wy / wx - rows / columns of a window, g -
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -27,105 +30,54 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor
 
-from .._validate import check_bool, check_int
-from ._common import AttentionBase
-from ._flex import check_backend, flex_attend, use_flex, window2d_mask
+from .._validate import check_int
+from ._flex import FlexMask
+from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, prefix_table, with_prefix
 from ._registry import register_attention
 
-__all__ = [
-    "GridAttention",
-    "Window2dAttention",
-    "check_grid",
-    "check_tokens",
-    "dense_reference",
-    "global_rows",
-    "masked_sdpa",
-    "window2d_attention",
-    "window2d_keep",
-]
-
-
-def check_grid(grid_size: object) -> tuple[int, int]:
-    """A user-typed `grid_size` as `(rows, cols)`."""
-    if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2:
-        raise ValueError(f"grid_size={grid_size!r} is not allowed: expected (rows, cols), two integers >= 1")
-    return check_int("grid_size[0]", grid_size[0], 1), check_int("grid_size[1]", grid_size[1], 1)
-
-
-def check_tokens(n: int, grid_size: tuple[int, int] | None, num_prefix_tokens: int) -> tuple[int, int]:
-    """The grid, once `n` tokens are checked to be the prefix tokens and the grid's patches."""
-    if grid_size is None:
-        raise ValueError(
-            "grid_size is not set: pass grid_size=(rows, cols) of the patch grid, or call set_grid (zoo.create_model "
-            "does both from the patch embedding)"
-        )
-    rows, cols = grid_size
-    if n != num_prefix_tokens + rows * cols:
-        raise ValueError(
-            f"{n} tokens do not fit grid_size={tuple(grid_size)} with num_prefix_tokens={num_prefix_tokens}: "
-            f"expected {num_prefix_tokens} + {rows} x {cols} = {num_prefix_tokens + rows * cols}"
-        )
-    return rows, cols
+__all__ = ["Window2dAttention", "axis_windows", "window2d_attention", "window2d_keep", "window2d_mask", "window_ids"]
 
 
 def axis_windows(length: int, window: int, shift: int) -> tuple[int, int, int]:
-    """(window length, cells padded before, cells padded after) along an axis of `length` cells."""
+    """(window length, cells padded before, cells padded after) along an axis of `length` cells: an axis no longer
+    than the window is one window and is not shifted; with a shift, the first window holds `shift` cells."""
     if length <= window:
         return length, 0, 0
     lead = window - shift if shift else 0
     return window, lead, -(length + lead) % window
 
 
+def window_ids(grid_size: tuple[int, int], window: int, shift: int = 0, device=None) -> Tensor:
+    """`[rows * cols]` long: the window of every cell, one number per window, in raster order of the windows."""
+    row, col = grid_coordinates(grid_size, device)
+    (row_size, top, _), (col_size, left, _) = (axis_windows(length, window, shift) for length in grid_size)
+    # Column windows number at most the column count, so (row window, column window) -> one id is one to one.
+    return (row + top) // row_size * (grid_size[1] + 1) + (col + left) // col_size
+
+
 def window2d_keep(
     grid_size: tuple[int, int], num_prefix_tokens: int, window: int, shift: int = 0, device=None
 ) -> Tensor:
     """`[n, n]` bool, True where token i may attend to token j (the dense pattern of `window2d_attention`)."""
-    rows, cols = grid_size
-    cells = torch.arange(rows * cols, device=device)
-    same = torch.ones((), dtype=torch.bool, device=device)
-    for coord, length in ((cells // cols, rows), (cells % cols, cols)):
-        size, lead, _ = axis_windows(length, window, shift)
-        ids = (coord + lead) // size
-        same = same & (ids[:, None] == ids)
-    n = num_prefix_tokens + rows * cols
-    keep = torch.ones(n, n, dtype=torch.bool, device=device)
-    keep[num_prefix_tokens:, num_prefix_tokens:] = same
-    return keep
+    ids = window_ids(grid_size, window, shift, device)
+    return with_prefix(ids[:, None] == ids, num_prefix_tokens)
 
 
-def masked_sdpa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    keep: Tensor | None,
-    scale: float | None,
-    dropout_p: float,
-    may_be_empty: bool = True,
-) -> Tensor:
-    """SDPA with a bool `keep` mask (True = attend) broadcastable to `[b, h, n, m]`, or None; a query with no
-    kept key gets zeros, not NaN (`may_be_empty=False` skips that guard where every query keeps a key)."""
-    if keep is None or not may_be_empty:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale)
-    any_kept = keep.any(-1, keepdim=True)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep | ~any_kept, dropout_p=dropout_p, scale=scale)
-    return out * any_kept
+@functools.lru_cache(maxsize=64)
+def window2d_mask(
+    grid_size: tuple[int, int], num_prefix_tokens: int, window: int, shift: int, device: torch.device
+) -> FlexMask:
+    """The FlexAttention pattern, written in window order (prefix tokens, then window after window, `window_ids`),
+    where each window's tokens are contiguous and its blocks dense."""
+    p = num_prefix_tokens
+    ids = window_ids(grid_size, window, shift, device)
+    order = torch.cat([torch.arange(p, device=device), p + torch.argsort(ids, stable=True)])
+    ordered_id = prefix_table(ids.sort(stable=True).values, p)
 
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (ordered_id[q_idx] == ordered_id[kv_idx]) | (q_idx < p) | (kv_idx < p)
 
-def global_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, dropout_p: float):
-    """The prefix tokens' queries `q: [b, h, p, d]` against every key `k, v: [b, h, n, d]` -> `[b, h, p, d]`."""
-    keep = None if mask is None else mask[:, None, None, :]
-    return masked_sdpa(q, k, v, keep, scale, dropout_p)
-
-
-def dense_reference(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, mask: Tensor | None, scale: float | None, dropout_p: float
-) -> Tensor:
-    """Explicit softmax under a dense pattern: `allowed` `[n, n]` bool, mask `[b, n]` key padding -> `[b, h, n, d]`.
-    A query with no allowed key gets zeros. O(n^2) memory: for the tests."""
-    keep = allowed if mask is None else allowed & mask[:, None, None, :]
-    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    weights = scores.masked_fill(~keep, float("-inf")).softmax(-1).nan_to_num(0.0)
-    return F.dropout(weights, p=dropout_p) @ v
+    return FlexMask(mask_mod, p + grid_size[0] * grid_size[1], order=order)
 
 
 def window2d_attention(
@@ -179,56 +131,6 @@ def window2d_attention(
     if not p:
         return out
     return torch.cat([global_rows(q[:, :, :p], k, v, mask, scale, dropout_p), out], dim=2)
-
-
-class GridAttention(AttentionBase):
-    """Attention on the patch grid: the `grid_size`, `num_prefix_tokens`, `backend` and `reference` options
-    (checked by `init_grid`) and `set_grid`, shared by `window2d` and `neighborhood`. A subclass implements
-    `pattern` (its dense reference), `flex_pattern` and `torch_attention`."""
-
-    needs_grid = True
-    has_attention_weights = True
-
-    def init_grid(
-        self, grid_size: tuple[int, int] | None, num_prefix_tokens: int, backend: str, reference: bool
-    ) -> None:
-        """Check and set the grid options; called by the subclass constructors after `AttentionBase.__init__`."""
-        self.grid_size = None if grid_size is None else check_grid(grid_size)
-        self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, 0)
-        self.reference = check_bool("reference", reference)
-        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
-
-    def set_grid(self, grid_size: tuple[int, int]) -> None:
-        """The patch grid `(rows, cols)` of the next forwards (the model calls it when the image size changes)."""
-        self.grid_size = check_grid(grid_size)
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        grid = check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens)
-        if self.reference:
-            allowed = self.pattern(grid, q.device)
-            return dense_reference(q, k, v, allowed, mask, self.scale, dropout_p)
-        if use_flex(self.backend, q, dropout_p):
-            return flex_attend(q, k, v, self.flex_pattern(grid, q.device), mask, scale=self.scale)
-        return self.torch_attention(q, k, v, mask, grid, dropout_p)
-
-    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
-        """`[n, n]` bool: which token may attend to which."""
-        raise NotImplementedError
-
-    def flex_pattern(self, grid: tuple[int, int], device: torch.device):
-        """The `FlexMask` of the pattern (see `_flex.py`)."""
-        raise NotImplementedError
-
-    def torch_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
-        """The torch path on `[b, h, n, d]` tensors."""
-        raise NotImplementedError
-
-    def extra_repr(self) -> str:
-        return (
-            f"{super().extra_repr()}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, "
-            f"backend={self.backend!r}{', reference=True' if self.reference else ''}"
-        )
 
 
 @register_attention("window2d")

@@ -1,0 +1,152 @@
+"""The patch grid shared by the 2-D families (`window2d`, `neighborhood`): the grid options and `set_grid`, the
+token checks, the prefix tokens every token sees, and the backends.
+
+The tokens are `num_prefix_tokens` prefix tokens (class, registers) and then the rows x cols patch grid in raster
+order. A family's geometry is one function of the grid in its own file; from it come its dense `[n, n]` pattern
+(`with_prefix`, the reference the tests compare with), its FlexAttention pattern (`prefix_table`) and its torch
+path.
+
+Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._validate import check_bool, check_int
+from ._blocks import allowed_attention
+from ._common import AttentionBase
+from ._flex import FlexMask, check_backend, flex_attend, use_flex
+
+__all__ = [
+    "GridAttention",
+    "check_grid",
+    "check_tokens",
+    "global_rows",
+    "grid_coordinates",
+    "masked_sdpa",
+    "prefix_table",
+    "with_prefix",
+]
+
+
+def check_grid(grid_size: object) -> tuple[int, int]:
+    """A user-typed `grid_size` as `(rows, cols)`."""
+    if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2:
+        raise ValueError(f"grid_size={grid_size!r} is not allowed: expected (rows, cols), two integers >= 1")
+    return check_int("grid_size[0]", grid_size[0], 1), check_int("grid_size[1]", grid_size[1], 1)
+
+
+def check_tokens(n: int, grid_size: tuple[int, int] | None, num_prefix_tokens: int) -> tuple[int, int]:
+    """The grid, once `n` tokens are checked to be the prefix tokens and the grid's patches."""
+    if grid_size is None:
+        raise ValueError(
+            "grid_size is not set: pass grid_size=(rows, cols) of the patch grid, or call set_grid (zoo.create_model "
+            "does both from the patch embedding)"
+        )
+    rows, cols = grid_size
+    if n != num_prefix_tokens + rows * cols:
+        raise ValueError(
+            f"{n} tokens do not fit grid_size={tuple(grid_size)} with num_prefix_tokens={num_prefix_tokens}: "
+            f"expected {num_prefix_tokens} + {rows} x {cols} = {num_prefix_tokens + rows * cols}"
+        )
+    return rows, cols
+
+
+def grid_coordinates(grid_size: tuple[int, int], device=None) -> tuple[Tensor, Tensor]:
+    """The row and the column of every cell, each `[rows * cols]` long, in raster order."""
+    rows, cols = grid_size
+    cells = torch.arange(rows * cols, device=device)
+    return cells // cols, cells % cols
+
+
+def with_prefix(cells: Tensor, num_prefix_tokens: int) -> Tensor:
+    """A dense pattern over the cells, `[c, c]` bool, as one over the tokens, `[p + c, p + c]`: the prefix tokens
+    see and are seen by every token."""
+    n = num_prefix_tokens + cells.shape[-1]
+    keep = torch.ones(n, n, dtype=torch.bool, device=cells.device)
+    keep[num_prefix_tokens:, num_prefix_tokens:] = cells
+    return keep
+
+
+def prefix_table(values: Tensor, num_prefix_tokens: int) -> Tensor:
+    """A per-cell lookup table `[c]` as a per-token one `[p + c]` for a FlexAttention mask_mod, -1 at the prefix
+    tokens (whose rows and columns a mask_mod allows whole)."""
+    return torch.cat([values.new_full((num_prefix_tokens,), -1), values])
+
+
+def masked_sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keep: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+    may_be_empty: bool = True,
+) -> Tensor:
+    """SDPA with a bool `keep` mask (True = attend) broadcastable to `[b, h, n, m]`, or None; a query with no
+    kept key gets zeros, not NaN (`may_be_empty=False` skips that guard where every query keeps a key)."""
+    if keep is None or not may_be_empty:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p, scale=scale)
+    any_kept = keep.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep | ~any_kept, dropout_p=dropout_p, scale=scale)
+    return out * any_kept
+
+
+def global_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None, dropout_p: float):
+    """The prefix tokens' queries `q: [b, h, p, d]` against every key `k, v: [b, h, n, d]` -> `[b, h, p, d]`."""
+    keep = None if mask is None else mask[:, None, None, :]
+    return masked_sdpa(q, k, v, keep, scale, dropout_p)
+
+
+class GridAttention(AttentionBase):
+    """Attention on the patch grid: the `grid_size`, `num_prefix_tokens`, `backend` and `reference` options
+    (checked by `init_grid`) and `set_grid`. A subclass implements `pattern` (its dense pattern, which
+    `reference=True` computes over exact softmax), `flex_pattern` and `torch_attention`."""
+
+    needs_grid: ClassVar[bool] = True
+    has_attention_weights: ClassVar[bool] = True
+
+    def init_grid(
+        self, grid_size: tuple[int, int] | None, num_prefix_tokens: int, backend: str, reference: bool
+    ) -> None:
+        """Check and set the grid options; called by the subclass constructors after `AttentionBase.__init__`."""
+        self.grid_size = None if grid_size is None else check_grid(grid_size)
+        self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, 0)
+        self.reference = check_bool("reference", reference)
+        self.backend = check_backend(backend, self.attn_drop.p, self.reference)
+
+    def set_grid(self, grid_size: tuple[int, int]) -> None:
+        """The patch grid `(rows, cols)` of the next forwards (the model calls it when the image size changes)."""
+        self.grid_size = check_grid(grid_size)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        grid = check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens)
+        if self.reference:
+            return allowed_attention(q, k, v, self.pattern(grid, q.device), mask, self.scale, dropout_p)
+        if use_flex(self.backend, q, dropout_p):
+            return flex_attend(q, k, v, self.flex_pattern(grid, q.device), mask, scale=self.scale)
+        return self.torch_attention(q, k, v, mask, grid, dropout_p)
+
+    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
+        """`[n, n]` bool: which token may attend to which."""
+        raise NotImplementedError
+
+    def flex_pattern(self, grid: tuple[int, int], device: torch.device) -> FlexMask:
+        """The same pattern for FlexAttention."""
+        raise NotImplementedError
+
+    def torch_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
+        """The torch path on `[b, h, n, d]` tensors."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return (
+            f"{super().extra_repr()}, grid_size={self.grid_size}, num_prefix_tokens={self.num_prefix_tokens}, "
+            f"backend={self.backend!r}{', reference=True' if self.reference else ''}"
+        )
