@@ -10,7 +10,7 @@ import pytest
 import timm
 import torch
 import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, shrink_1d, tiny_vit_recipe
 from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 
@@ -24,46 +24,15 @@ from zoo.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_network")
 
-VIT = {
-    "name": "tiny",
-    "seed": 3,
-    "model": {
-        "name": "vit_tiny_patch16_224",
-        "img_size": 32,
-        "patch_size": 8,
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "attention": {"name": "performer", "options": {"nb_features": 16}},
-    },
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 32,
-        "val_samples": 16,
-        "test_samples": 16,
-        "batch_size": 8,
-        "num_workers": 0,
-    },
-    "train": {"epochs": 1, "mixed_precision": "no"},
-}
+VIT = tiny_vit_recipe(data={"train_samples": 32})
 # Shrinks a shipped 1-D recipe to seconds.
-TINY_1D = [
-    "model.embed_dim=16",
-    "model.depth=1",
-    "model.num_heads=2",
-    "data.num_workers=0",
-    "train.epochs=1",
-    "train.max_steps=2",
-    "train.mixed_precision=no",
-    "schedule.warmup_steps=1",
-]
+TINY_1D = shrink_1d(max_steps=2)
 
 
 def train(recipe, run_dir: Path) -> Path:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     Trainer(recipe, run_dir).fit()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     return run_dir
 
 

@@ -297,8 +297,8 @@ def test_load_model_says_what_it_reads(tmp_path, saved):
     run = tmp_path / "run"
     (run / "checkpoints" / "best").mkdir(parents=True)
     (run / "recipe.yaml").write_text("name: x\n")
-    # a run directory is read through its recipe: the recipe's own problem is the one-line error
-    with pytest.raises(ValueError, match=r"model.img_size \(224\) must equal data.options.canvas_size") as error:
+    # a run directory whose checkpoint holds no weights: the one-line error names the missing file
+    with pytest.raises(FileNotFoundError, match=r"checkpoints/best/model.safetensors do not exist") as error:
         load_model(run)
     assert "\n" not in str(error.value)
     with pytest.raises(FileNotFoundError, match="nowhere"):

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._weights import WEIGHTS_NAME
+from ._weights import WEIGHTS_NAME, check_state_dict, read_weights
 
 if TYPE_CHECKING:
     from torch import nn
@@ -205,10 +205,8 @@ def usable_checkpoint(run_dir: Path, which: str, recipe: Recipe, recipe_source: 
 
 def check_checkpoint_weights(model: nn.Module, folder: Path) -> None:
     """A one-line WeightsError unless the weights of checkpoint `folder` fit `model` key by key and shape by shape
-    (another architecture, width, depth, class count: `zoo.pretrained.check_state_dict`); nothing for a folder
+    (another architecture, width, depth, class count: `zoo._weights.check_state_dict`); nothing for a folder
     whose weights are sharded (no `model.safetensors`)."""
-    from .pretrained import check_state_dict, read_weights
-
     path = Path(folder) / WEIGHTS_NAME
     if path.is_file():
         check_state_dict(model, fill_tied_weights(model, read_weights(path)), path)

@@ -34,13 +34,14 @@ from accelerate.utils import set_seed
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ._run_weights import without_pretrained
 from ._validate import check_int
 from ._weights import read_weights
 from .convert import FinetuneReport, TransferReport, finetune, transfer_attention
 from .engine import build_loader, build_split, evaluate
-from .model_kinds import get_model_kind
+from .model_kinds import get_model_kind, sizes_of
 from .models.vit import load_state_dict_into
-from .pretrained import load_model
+from .pretrained import is_model_source, load_model
 from .recipe import Recipe
 from .runs import describe_model, write_run
 
@@ -76,36 +77,23 @@ class ImagePairs:
         return ((batch["image"], batch["label"]) for batch in self.loader)
 
 
-def _without_pretrained(recipe: Recipe) -> Recipe:
-    model = dataclasses.replace(recipe.model, pretrained=False, pretrained_file=None)
-    return dataclasses.replace(recipe, model=model)
-
-
-def _teacher(source: Path, recipe: Recipe, train_set, task) -> tuple[nn.Module, bool]:
+def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool]:
     """The teacher at the student's resolution, and whether its head predicts the recipe's classes (its logits can
     then be distilled). A weights file is read into the recipe's architecture with softmax attention."""
     size = recipe.model.img_size
-    if _is_run_or_folder(source):
+    if is_model_source(source):
         teacher = load_model(source)
         if not hasattr(teacher, "patch_embed"):
             raise ValueError(f"teacher {source} is a {type(teacher).__name__}: tools/convert.py converts ViT runs")
         if tuple(teacher.patch_embed.img_size) != (size, size):
             teacher = load_model(source, img_size=size)
-        return teacher, teacher.num_classes == task.num_outputs(train_set)
+        return teacher, teacher.num_classes == task.num_outputs(sizes)
     softmax = dataclasses.replace(recipe.model.attention, name="softmax", options={})
     model = dataclasses.replace(recipe.model, attention=softmax, global_blocks=[])
     kind = get_model_kind(recipe.model.kind)
-    teacher = kind.build(dataclasses.replace(recipe, model=model), train_set, task)
+    teacher = kind.build(dataclasses.replace(recipe, model=model), sizes, task)
     report = load_state_dict_into(teacher, read_weights(source), str(source))
     return teacher.eval(), not any(key.startswith("head") for key in report.dropped_keys)
-
-
-def _is_run_or_folder(source: Path) -> bool:
-    """A run directory, a checkpoint or save_pretrained folder, or the weights in one (not a bare weights file)."""
-    if source.is_dir():
-        return True
-    homes = (source.parent, source.parent.parent.parent)
-    return any((home / name).is_file() for home in homes for name in ("recipe.yaml", "config.json"))
 
 
 def evaluate_model(model: nn.Module, recipe: Recipe, split: str) -> dict[str, Any]:
@@ -149,15 +137,16 @@ def convert_run(
     kind = get_model_kind(recipe.model.kind)
     if kind.name != "vit":
         raise ValueError(f"tools/convert.py converts ViTs; the recipe's model.kind is {kind.name!r}")
-    recipe = _without_pretrained(recipe)
+    recipe = without_pretrained(recipe)
     set_seed(recipe.seed)
     task = kind.task(recipe)
     train_set = build_split(recipe, "train")
-    student = kind.build(recipe, train_set, task)
+    sizes = sizes_of(recipe, train_set)
+    student = kind.build(recipe, sizes, task)
     source = Path(teacher).expanduser()
     if not source.exists():
         raise FileNotFoundError(f"teacher {source} does not exist: give a run directory or a weights file")
-    teacher_model, same_classes = _teacher(source, recipe, train_set, task)
+    teacher_model, same_classes = _teacher(source, recipe, sizes, task)
     load_state_dict_into(student, teacher_model.state_dict(), str(source))
     result = ConversionResult(student, recipe, teacher_model)
     pairs = ImagePairs(build_loader(recipe, train_set, train=True))
@@ -182,7 +171,8 @@ def convert_run(
     result.metrics.update(_evaluated("stage2", student, recipe, eval_split))
     student.eval()
     if run_dir is not None:
-        result.run_dir = _write(Path(run_dir), result, source, describe_model(recipe, train_set, task), eval_split)
+        description = describe_model(recipe, train_set, task, sizes)
+        result.run_dir = _write(Path(run_dir), result, source, description, eval_split)
     return result
 
 

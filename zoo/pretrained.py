@@ -28,14 +28,16 @@ from safetensors.torch import save_model
 from timm.models import PretrainedCfg
 from torch import nn
 
+from ._run_weights import CHECKPOINTS, RunWeights, find_run, load_checked, resolve_run
+from ._sizes import ModelSizes
 from ._validate import first_line, unknown_name
 from ._weights import WEIGHTS_NAME, WeightsError, check_state_dict, read_weights
-from .checkpoints import check_recipe, find_checkpoint, verify_checkpoint
-from .runs import MODEL_FILE, RECIPE_FILE, SplitSizes, describe_model, read_description
+from .runs import MODEL_FILE, RECIPE_FILE
 
 __all__ = [
     "WeightsError",
     "check_state_dict",
+    "is_model_source",
     "load_model",
     "model_args",
     "push_to_hub",
@@ -47,7 +49,6 @@ _logger = logging.getLogger(__name__)
 
 CONFIG_NAME = "config.json"
 _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
-CHECKPOINTS = ("best", "last")
 
 
 def model_args(model: nn.Module) -> dict[str, Any]:
@@ -221,11 +222,12 @@ def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any
         config = _read_config(config_path)
     else:
         found = _local_source(Path(source).expanduser(), checkpoint)
-        if isinstance(found, _Run):
-            model = _load_run(found)
+        if found is None:
+            run = resolve_run(Path(source).expanduser(), checkpoint)
+            model = _load_run(run)
             if not overrides:
                 return model
-            config_path, weights, config = found.home / MODEL_FILE, found.weights, _run_config(model, found)
+            config_path, weights, config = run.home / MODEL_FILE, run.weights, _run_config(model, run)
         else:
             config_path, weights = found
             config = _read_config(config_path)
@@ -252,19 +254,19 @@ def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any
     return model.eval()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
-    """A run's model: the folder holding its recipe.yaml (and model.json), its checkpoint folder and weights."""
+def is_model_source(path: Path) -> bool:
+    """Whether `load_model` reads `path` as a model: a folder (a save_pretrained or run folder, or one it explains
+    it cannot read), or the weights in a save_pretrained folder or in a run's checkpoint; False for a bare weights
+    file, which `zoo.create_model(..., pretrained_file=PATH)` reads into an architecture."""
+    if path.is_dir():
+        return True
+    return (path.parent / CONFIG_NAME).is_file() or find_run(path) is not None
 
-    home: Path
-    checkpoint: Path
-    weights: Path
 
-
-def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | _Run:
-    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files; or the run `path`
-    belongs to: a run directory of tools/train.py (recipe.yaml), one of its checkpoint folders, or the weights in
-    one. The one place that decides what a path is."""
+def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | None:
+    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files; None for a part of
+    a run of tools/train.py (a run directory, one of its checkpoint folders, or the weights in one), which
+    `zoo._run_weights.resolve_run` reads. The one place that decides what a path is."""
     folder = path if path.is_dir() else path.parent
     if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME) and path.suffix != ".safetensors":
         raise ValueError(
@@ -278,9 +280,10 @@ def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | _
         return folder / CONFIG_NAME, weights
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
-    run = _find_run(path, folder, checkpoint)
-    if run is not None:
-        return run
+    if path.is_dir() and (path / RECIPE_FILE).is_file() and checkpoint not in CHECKPOINTS:
+        raise unknown_name("checkpoint", checkpoint, CHECKPOINTS)
+    if find_run(path, checkpoint) is not None:
+        return None
     raise ValueError(
         f"{path}: no config.json and no recipe.yaml; load_model reads a folder written by zoo.save_pretrained "
         f"(config.json + model.safetensors) or a run directory of tools/train.py"
@@ -289,46 +292,14 @@ def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | _
     )
 
 
-def _find_run(path: Path, folder: Path, checkpoint: str) -> _Run | None:
-    """The run of a run directory, a checkpoint folder (its own copies of the run's files, else the run's two
-    levels up) or the weights in one; None when `path` is none of them."""
-    if path.is_dir() and (path / RECIPE_FILE).is_file() and not (path / WEIGHTS_NAME).is_file():
-        if checkpoint not in CHECKPOINTS:
-            raise unknown_name("checkpoint", checkpoint, CHECKPOINTS)
-        found = find_checkpoint(path, checkpoint)
-        if found is None:
-            others = [name for name in CHECKPOINTS if name != checkpoint and find_checkpoint(path, name)]
-            hint = f" (it holds {', '.join(others)}: pass checkpoint={others[0]!r})" if others else ""
-            raise FileNotFoundError(f"{path} is a run directory without a {checkpoint!r} checkpoint{hint}")
-        return _Run(found if (found / RECIPE_FILE).is_file() else path, found, found / WEIGHTS_NAME)
-    weights = path if path.is_file() else folder / WEIGHTS_NAME
-    for home in (folder, folder.parent.parent):
-        if (home / RECIPE_FILE).is_file():
-            if not weights.is_file():
-                raise FileNotFoundError(f"{folder} is part of the run {home} but holds no {WEIGHTS_NAME}")
-            return _Run(home, folder, weights)
-    return None
-
-
-def _load_run(run: _Run) -> nn.Module:
+def _load_run(run: RunWeights) -> nn.Module:
     """The run's model built by its model kind from the recipe and model.json, with the checkpoint's weights
-    (verified against its manifest and the recipe first), its description attached."""
-    from .model_kinds import get_model_kind
-    from .recipe import load_recipe
+    (verified by `resolve_run`), its description attached."""
+    from .model_kinds import build_model
 
-    recipe_path = run.home / RECIPE_FILE
-    recipe = load_recipe(recipe_path)
-    # the checkpoint holds every weight: none is fetched again
-    recipe = dataclasses.replace(
-        recipe, model=dataclasses.replace(recipe.model, pretrained=False, pretrained_file=None)
-    )
-    check_recipe(verify_checkpoint(run.checkpoint), recipe, run.checkpoint, str(recipe_path))
-    description = read_description(run.home) or _describe_from_data(recipe, run.home)
-    kind = get_model_kind(recipe.model.kind)
-    model = kind.build(recipe, SplitSizes(description["sizes"]), kind.task(recipe))
-    state = read_weights(run.weights)
-    check_state_dict(model, state, run.weights)
-    model.load_state_dict(state, strict=False)
+    model = build_model(run.recipe, ModelSizes.from_json(run.description["sizes"]))
+    load_checked(model, run.weights)
+    description = run.description
     model.zoo_run = description
     if description.get("pretrained_cfg") is not None:
         stored = description["pretrained_cfg"]
@@ -339,18 +310,7 @@ def _load_run(run: _Run) -> nn.Module:
     return model.eval()
 
 
-def _describe_from_data(recipe, home: Path) -> dict[str, Any]:
-    """model.json's content for a run trained before zoo wrote it, from the recipe's training split."""
-    from .engine import build_split
-    from .model_kinds import get_model_kind
-
-    _logger.warning(
-        "%s has no %s (trained by an older zoo): the model's sizes are read from its training split", home, MODEL_FILE
-    )
-    return describe_model(recipe, build_split(recipe, "train"), get_model_kind(recipe.model.kind).task(recipe))
-
-
-def _run_config(model: nn.Module, run: _Run) -> dict[str, Any]:
+def _run_config(model: nn.Module, run: RunWeights) -> dict[str, Any]:
     """A save_pretrained config of a run's ViT, to rebuild it with other construction arguments."""
     if not hasattr(model, "zoo_args"):
         raise ValueError(
