@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-__all__ = ["ModelSizes"]
+__all__ = ["ModelSizes", "plain"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ModelSizes:
         from .data._interface import sequence_length, split_attribute
 
         names = [f.name for f in dataclasses.fields(cls) if f.name != "seq_len"]
-        values = {name: _plain(split_attribute(train_set, name)) for name in names}
+        values = {name: plain(split_attribute(train_set, name)) for name in names}
         return cls.from_json({**values, "seq_len": sequence_length(train_set) if length else None})
 
     @classmethod
@@ -61,12 +61,12 @@ class ModelSizes:
         }
 
 
-def _plain(value: Any) -> Any:
-    """A dataset attribute as plain data: arrays and lists as tuples, NumPy scalars as Python numbers."""
+def plain(value: Any) -> Any:
+    """A dataset attribute as JSON data: arrays and tuples as lists, NumPy scalars as Python numbers."""
     if isinstance(value, np.ndarray):
-        value = value.tolist()
+        return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (tuple, list)):
-        return tuple(_plain(item) for item in value)
+        return [plain(item) for item in value]
     return value

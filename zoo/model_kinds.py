@@ -11,6 +11,7 @@ channels) and reads its recipe section. The engine builds every model through `g
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,13 +19,17 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from ._sizes import ModelSizes
+from ._sizes import ModelSizes, plain
 from ._validate import did_you_mean
+from .data._interface import split_attribute
 from .models import create_model, create_sequence_model
 from .tasks import Task, get_task
 
 if TYPE_CHECKING:
     from .recipe import Recipe
+
+# What the 1-D sets cut their files into: dataset attribute -> meaning (see zoo.predict).
+_SEQUENCE_INPUTS = ("window", "stride", "znorm", "lookback", "horizon")
 
 __all__ = [
     "ModelKind",
@@ -50,6 +55,8 @@ class ModelKind:
     task_section: Callable[[Recipe], Any] = lambda recipe: None
     # its models are sized by the input length too (`ModelSizes.seq_len`)
     reads_length: bool = False
+    # (recipe, training split, task) -> model.json's entries of how the run's inputs are read (zoo.runs, zoo.predict)
+    describe: Callable[[Recipe, Dataset, Task], dict[str, Any]] = lambda recipe, train_set, task: {}
 
     def task(self, recipe: Recipe) -> Task:
         """The recipe's task, configured by this kind's recipe section (e.g. model.sequence.forecast_loss)."""
@@ -97,6 +104,59 @@ def model_kind_for(data_kind: str) -> ModelKind:
         if data_kind in kind.data_kinds:
             return kind
     raise ValueError(f"no model kind reads {data_kind!r} data; kinds: {', '.join(_KINDS)}")
+
+
+def _attribute(train_set: Dataset, name: str, default: Any) -> Any:
+    value = split_attribute(train_set, name)
+    return default if value is None else value
+
+
+def _image_config(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
+    """timm's preprocessing keys of the run: the model's input size, the split's normalisation, and its resize
+    (a set without `mean`/`std` is taken to give images in [0, 1], used as they are; one without `crop_pct` to
+    give whole images)."""
+    in_chans = recipe.model.in_chans or split_attribute(train_set, "in_chans")
+    read = functools.partial(_attribute, train_set)
+    return {
+        "input_size": [in_chans, recipe.model.img_size, recipe.model.img_size],
+        "mean": plain(read("mean", [0.0])),
+        "std": plain(read("std", [1.0])),
+        "interpolation": read("interpolation", "bilinear"),
+        "crop_pct": float(read("crop_pct", 1.0)),
+        "crop_mode": read("crop_mode", "center"),
+        "fixed_input_size": not recipe.model.dynamic_img_size,
+    }
+
+
+def _describe_vit(recipe: Recipe, train_set: Dataset, task: Task) -> dict[str, Any]:
+    return {"pretrained_cfg": _image_config(recipe, train_set)}
+
+
+def _describe_sequence(recipe: Recipe, train_set: Dataset, task: Task) -> dict[str, Any]:
+    return {"inputs": _how_files_are_read(recipe, train_set, task)}
+
+
+def _how_files_are_read(recipe: Recipe, train_set: Dataset, task: Task) -> dict[str, Any]:
+    """How the split cut and encoded its files: windows, tokenizer, normalisation, a forecast's columns."""
+    inputs: dict[str, Any] = {"input": recipe.model.sequence.input}
+    for name in _SEQUENCE_INPUTS:
+        if split_attribute(train_set, name) is not None:
+            inputs[name] = plain(split_attribute(train_set, name))
+    tokenizer = split_attribute(train_set, "tokenizer")
+    if tokenizer is not None:
+        inputs["tokenizer"] = {"k": tokenizer.k, "overlapping": tokenizer.overlapping, "add_cls": tokenizer.add_cls}
+        # Genomic Benchmarks' truncation (a series set's max_length is its longest series, not a cut)
+        if split_attribute(train_set, "max_length") is not None:
+            inputs["max_length"] = int(split_attribute(train_set, "max_length"))
+    if recipe.model.sequence.input == "series":
+        # what a missing value in a file does (zoo.data._tables: error, mask or interpolate)
+        inputs["nan"] = recipe.data.options.get("nan", "error")
+    # the task's own: a forecast's columns and training mean / std
+    inputs.update(task.describe_inputs(train_set))
+    if recipe.model.sequence.input == "series" and not task.forecasts_inputs:
+        # the column of a CSV file that holds the labels, not a time step (zoo.data.timeseries.CsvSeriesDataset)
+        inputs["label_column"] = recipe.data.options.get("label_column", "label")
+    return inputs
 
 
 def _build_vit(recipe: Recipe, sizes: ModelSizes, task: Task) -> nn.Module:
@@ -186,7 +246,9 @@ def _sequence_inputs(batch: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
     return batch["tokens"] if "tokens" in batch else batch["values"], batch["mask"]
 
 
-register_model_kind(ModelKind("vit", {"image": ()}, _build_vit, lambda batch: (batch["image"],)))
+register_model_kind(
+    ModelKind("vit", {"image": ()}, _build_vit, lambda batch: (batch["image"],), describe=_describe_vit)
+)
 register_model_kind(
     ModelKind(
         "sequence",
@@ -195,5 +257,6 @@ register_model_kind(
         _sequence_inputs,
         task_section=lambda recipe: recipe.model.sequence,
         reads_length=True,
+        describe=_describe_sequence,
     )
 )

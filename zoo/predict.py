@@ -46,6 +46,7 @@ from .data.fasta import _is_fasta
 from .data.images import ImageError, open_image
 from .data.nucleotides import DNATokenizer, read_fasta
 from .data.sequence import PadCollate, window_starts
+from .tasks import Task, get_task, list_tasks
 
 __all__ = ["READ_OPTIONS", "ImageLoader", "Predictions", "image_loader", "predict", "write_predictions"]
 
@@ -103,25 +104,26 @@ def predict(
     if isinstance(inputs, (str, Path)):
         inputs = [inputs]
     description = _description(model)
-    task, kind = description["task"], description["input"]
-    if task not in _TASKS:
-        raise ValueError(f"predict does not handle task {task!r}; it handles {', '.join(_TASKS)}")
+    task, kind = get_task(description["task"]), description["input"]
+    if not task.predicts:
+        handled = [name for name in list_tasks() if get_task(name).predicts]
+        raise ValueError(f"predict does not handle task {task.name!r}; it handles {', '.join(handled)}")
     if kind not in _READERS:
         raise ValueError(f"predict does not read {kind!r} inputs (the run's data); it reads {', '.join(_READERS)}")
     if options:
         read = _read_options(options, kind, task)
         description = {**description, "inputs": {**description.get("inputs", {}), **read}}
-    result = Predictions(task)
+    result = Predictions(task.name)
     items = _READERS[kind](model, description, [Path(p) for p in inputs], result)
-    outputs = _TASKS[task]
     model.eval()
     bar = tqdm(total=len(items), desc="predict", unit="item", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     # a skipped input's warning goes above the bar, not into it
     with torch.no_grad(), bar, logging_redirect_tqdm():
         for metas, batch in _batches(items, batch_size):
             logits = model(*(t.to(_device(model)) for t in batch)).float().cpu()
-            for meta, out, mask in zip(metas, logits, batch[1] if len(batch) > 1 else [None] * len(metas)):
-                result.rows.extend(outputs(meta, out, mask, description, top_k))
+            masks = batch[1] if len(batch) > 1 else [None] * len(metas)
+            for meta, out, mask in zip(metas, logits, masks, strict=True):
+                result.rows.extend(task.prediction_rows(meta, out, mask, description, top_k))
             bar.update(len(metas))
     if not result.rows:
         reasons = "; ".join(f"{name}: {reason}" for name, reason in result.skipped[:3])
@@ -129,13 +131,15 @@ def predict(
     return result
 
 
-def _read_options(options: Mapping[str, Any], kind: str, task: str) -> dict[str, Any]:
+def _read_options(options: Mapping[str, Any], kind: str, task: Task) -> dict[str, Any]:
     """`options` checked against what reads `kind` inputs for `task`: a ValueError naming a key or value that does
     not apply."""
     from .data._tables import NAN_POLICIES
 
     # a forecast's CSV file has no label column
-    allowed = tuple(name for name in READ_OPTIONS.get(kind, ()) if not (task == "forecast" and name == "label_column"))
+    allowed = tuple(
+        name for name in READ_OPTIONS.get(kind, ()) if not (task.forecasts_inputs and name == "label_column")
+    )
     for key, value in options.items():
         if key not in allowed:
             takes = f"takes only {', '.join(f'data.options.{name}' for name in allowed)}" if allowed else "takes none"
@@ -281,7 +285,7 @@ def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], resu
     window = inputs.get("window")
     cut = window or inputs.get("max_length")
     # a per-position task labels each nucleotide once: windows side by side
-    stride = window if description["task"] == "token_classification" else inputs.get("stride") or window
+    stride = window if get_task(description["task"]).per_position else inputs.get("stride") or window
     items = []
     for path in _files(paths, lambda p: _is_fasta(p.name), "FASTA files", result):
         try:
@@ -305,7 +309,7 @@ def _read_fasta(model: nn.Module, description: dict, paths: Sequence[Path], resu
 def _read_series(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> list[Item]:
     """Each series as `(values [n, c], mask [n])`: the rows of a CSV file or the cases of a .ts file; for a
     forecast, the last look-back of a CSV file with one row per time step."""
-    read = _forecast_window if description["task"] == "forecast" else _series_of_file
+    read = _forecast_window if get_task(description["task"]).forecasts_inputs else _series_of_file
     items = []
     for path in _files(paths, lambda p: p.suffix.lower() in _SERIES_SUFFIXES, "CSV or .ts files", result):
         try:
@@ -376,54 +380,14 @@ def _forecast_window(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
     yield {"input": str(path)}, _as_sample((np.stack(values, axis=1) - mean) / std, {})
 
 
-def _top_k(scores: Tensor, names: Sequence[str] | None, top_k: int) -> dict[str, list]:
-    """logits `[k]` -> the best classes (names, else indices) and their probabilities, best first."""
-    probabilities = scores.softmax(-1)
-    values, indices = probabilities.topk(min(top_k, len(probabilities)))
-    labels = [names[i] if names else str(i) for i in indices.tolist()]
-    return {"classes": labels, "probabilities": [round(v, 6) for v in values.tolist()]}
-
-
-def _classification(meta: dict, logits: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
-    """logits `[k]` -> one row."""
-    return [{**meta, **_top_k(logits, description.get("label_names"), top_k)}]
-
-
-def _per_position(meta: dict, logits: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
-    """logits `[n, k]` (a CLS token first when the tokenizer adds one) -> one row per kept nucleotide."""
-    if description["inputs"].get("tokenizer", {}).get("add_cls"):
-        logits, mask = logits[1:], mask[1:]
-    probabilities, labels = logits.softmax(-1).max(-1)
-    names = description.get("label_names")
-    rows = []
-    for offset in torch.nonzero(mask).flatten().tolist():
-        label = labels[offset].item()
-        position = {"input": meta["input"], "record": meta["record"], "position": meta["start"] + offset}
-        name = names[label] if names else str(label)
-        rows.append({**position, "label": name, "probability": round(probabilities[offset].item(), 6)})
-    return rows
-
-
-def _forecast(meta: dict, forecast: Tensor, mask: Tensor | None, description: dict, top_k: int) -> list[dict]:
-    """forecast `[t, c]` in standardised units -> one row per future step, in the target columns' units."""
-    inputs = description["inputs"]
-    index = [inputs["columns"].index(name) for name in inputs["targets"]]
-    mean, std = np.asarray(inputs["mean"])[index], np.asarray(inputs["std"])[index]
-    values = forecast.numpy() * std + mean  # [t, c]
-    return [
-        {**meta, "step": step, **{name: float(value) for name, value in zip(inputs["targets"], row)}}
-        for step, row in enumerate(values, start=1)
-    ]
-
-
 _READERS = {"image": _read_images, "dna": _read_fasta, "series": _read_series}
-_TASKS = {"classification": _classification, "token_classification": _per_position, "forecast": _forecast}
 
 
 def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row for CSV: the top-k lists as `class_1, probability_1, class_2, ...`."""
     flat = {k: v for k, v in row.items() if k not in ("classes", "probabilities")}
-    for rank, (name, probability) in enumerate(zip(row.get("classes", []), row.get("probabilities", [])), start=1):
+    pairs = zip(row.get("classes", []), row.get("probabilities", []), strict=True)
+    for rank, (name, probability) in enumerate(pairs, start=1):
         flat[f"class_{rank}"], flat[f"probability_{rank}"] = name, probability
     return flat
 

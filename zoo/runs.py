@@ -17,14 +17,12 @@ tools/eval.py and `zoo.load_model` verify as they verify the engine's.
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from safetensors.torch import save_model
 from torch import nn
 from torch.utils.data import Dataset
@@ -33,6 +31,7 @@ from ._sizes import ModelSizes
 from ._weights import WEIGHTS_NAME
 from .checkpoints import model_identity, replace_dir, write_manifest
 from .data._interface import split_attribute
+from .model_kinds import get_model_kind
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -51,19 +50,6 @@ __all__ = [
 MODEL_FILE = "model.json"
 RECIPE_FILE = "recipe.yaml"
 _FORMAT = 1
-# What the 1-D sets cut their files into: dataset attribute -> meaning (see zoo.predict).
-_SEQUENCE_INPUTS = ("window", "stride", "znorm", "lookback", "horizon")
-
-
-def _plain(value: Any) -> Any:
-    """A dataset attribute as JSON: arrays and tuples as lists, NumPy scalars as Python numbers."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (tuple, list)):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _label_names(train_set: Dataset, task: Task, sizes: ModelSizes) -> list[str] | None:
@@ -72,58 +58,6 @@ def _label_names(train_set: Dataset, task: Task, sizes: ModelSizes) -> list[str]
     if names is None or len(names) != task.num_outputs(sizes):
         return None
     return [str(name) for name in names]
-
-
-def _attribute(train_set: Dataset, name: str, default: Any) -> Any:
-    value = split_attribute(train_set, name)
-    return default if value is None else value
-
-
-def _image_config(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
-    """timm's preprocessing keys of the run: the model's input size, the split's normalisation, and its resize
-    (a set without `mean`/`std` is taken to give images in [0, 1], used as they are; one without `crop_pct` to
-    give whole images)."""
-    in_chans = recipe.model.in_chans or split_attribute(train_set, "in_chans")
-    read = functools.partial(_attribute, train_set)
-    return {
-        "input_size": [in_chans, recipe.model.img_size, recipe.model.img_size],
-        "mean": _plain(read("mean", [0.0])),
-        "std": _plain(read("std", [1.0])),
-        "interpolation": read("interpolation", "bilinear"),
-        "crop_pct": float(read("crop_pct", 1.0)),
-        "crop_mode": read("crop_mode", "center"),
-        "fixed_input_size": not recipe.model.dynamic_img_size,
-    }
-
-
-def _sequence_inputs(recipe: Recipe, train_set: Dataset) -> dict[str, Any]:
-    """How the split cut and encoded its files: windows, tokenizer, normalisation, a forecast's columns."""
-    inputs: dict[str, Any] = {"input": recipe.model.sequence.input}
-    for name in _SEQUENCE_INPUTS:
-        if split_attribute(train_set, name) is not None:
-            inputs[name] = _plain(split_attribute(train_set, name))
-    tokenizer = split_attribute(train_set, "tokenizer")
-    if tokenizer is not None:
-        inputs["tokenizer"] = {"k": tokenizer.k, "overlapping": tokenizer.overlapping, "add_cls": tokenizer.add_cls}
-        # Genomic Benchmarks' truncation (a series set's max_length is its longest series, not a cut)
-        if split_attribute(train_set, "max_length") is not None:
-            inputs["max_length"] = int(split_attribute(train_set, "max_length"))
-    if recipe.model.sequence.input == "series":
-        # what a missing value in a file does (zoo.data._tables: error, mask or interpolate)
-        inputs["nan"] = recipe.data.options.get("nan", "error")
-    if recipe.task == "forecast":
-        columns = list(split_attribute(train_set, "columns"))
-        inputs.update(
-            columns=columns,
-            inputs=[columns[i] for i in split_attribute(train_set, "input_index")],
-            targets=[columns[i] for i in split_attribute(train_set, "target_index")],
-            mean=_plain(split_attribute(train_set, "mean")),
-            std=_plain(split_attribute(train_set, "std")),
-        )
-    elif recipe.model.sequence.input == "series":
-        # the column of a CSV file that holds the labels, not a time step (zoo.data.timeseries.CsvSeriesDataset)
-        inputs["label_column"] = recipe.data.options.get("label_column", "label")
-    return inputs
 
 
 def describe_model(recipe: Recipe, train_set: Dataset, task: Task, sizes: ModelSizes) -> dict[str, Any]:
@@ -141,10 +75,7 @@ def describe_model(recipe: Recipe, train_set: Dataset, task: Task, sizes: ModelS
         "label_names": _label_names(train_set, task, sizes),
         "sizes": sizes.to_json(),
     }
-    if data_kind == "image":
-        description["pretrained_cfg"] = _image_config(recipe, train_set)
-    else:
-        description["inputs"] = _sequence_inputs(recipe, train_set)
+    description.update(get_model_kind(recipe.model.kind).describe(recipe, train_set, task))
     return json.loads(json.dumps(description))
 
 

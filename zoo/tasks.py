@@ -25,14 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+import numpy as np
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ._sizes import plain
 from ._validate import did_you_mean
 from .models.heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from torch.utils.data import Dataset
     from torchmetrics import MetricCollection
 
     from ._sizes import ModelSizes
@@ -160,6 +164,24 @@ class Task:
         """The 1-D model's head for this task."""
         raise NotImplementedError
 
+    @property
+    def predicts(self) -> bool:
+        """Whether `zoo.predict` turns this task's outputs into rows (`prediction_rows`)."""
+        return type(self).prediction_rows is not Task.prediction_rows
+
+    def prediction_rows(
+        self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int
+    ) -> list[dict[str, Any]]:
+        """One input's rows of `zoo.predict`: `meta` (where the input comes from) and what was predicted from
+        `outputs` (one sample's, float32 on the CPU; `mask` its input mask for 1-D inputs), with the run's
+        `model.json` `description` (label names, inputs) and the `top_k` classes a row keeps."""
+        raise NotImplementedError(f"task {self.name!r} has no prediction rows")
+
+    def describe_inputs(self, train_set: Dataset) -> dict[str, Any]:
+        """What `zoo.predict` needs of the training split to read new inputs for this task (model.json's
+        `inputs`), beyond what the model kind records."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Classification(Task):
@@ -184,6 +206,12 @@ class Classification(Task):
 
     def num_outputs(self, sizes: ModelSizes) -> int:
         return sizes.num_classes
+
+    def prediction_rows(
+        self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int
+    ) -> list[dict[str, Any]]:
+        """logits `[k]` -> one row: the best classes and their probabilities."""
+        return [{**meta, **_top_k(outputs, description.get("label_names"), top_k)}]
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "num_classes", spec.num_classes)
@@ -224,6 +252,23 @@ class TokenClassification(Task):
 
     def num_outputs(self, sizes: ModelSizes) -> int:
         return sizes.num_classes
+
+    def prediction_rows(
+        self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int
+    ) -> list[dict[str, Any]]:
+        """logits `[l, k]` (a CLS token first when the tokenizer adds one) -> one row per kept position: its label
+        and probability."""
+        if description["inputs"].get("tokenizer", {}).get("add_cls"):
+            outputs, mask = outputs[1:], mask[1:]
+        probabilities, labels = outputs.softmax(-1).max(-1)
+        names = description.get("label_names")
+        rows = []
+        for offset in torch.nonzero(mask).flatten().tolist():
+            label = labels[offset].item()
+            position = {"input": meta["input"], "record": meta["record"], "position": meta["start"] + offset}
+            name = names[label] if names else str(label)
+            rows.append({**position, "label": name, "probability": round(probabilities[offset].item(), 6)})
+        return rows
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "num_classes", spec.num_classes)
@@ -284,6 +329,32 @@ class Forecast(Task):
         channels = None if targets == inputs else [inputs.index(t) for t in targets]
         return {"num_channels": len(inputs), "horizon": sizes.horizon, "target_channels": channels}
 
+    def prediction_rows(
+        self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int
+    ) -> list[dict[str, Any]]:
+        """forecast `[t, c]` in standardised units -> one row per future step, in the target columns' units."""
+        inputs = description["inputs"]
+        index = [inputs["columns"].index(name) for name in inputs["targets"]]
+        mean, std = np.asarray(inputs["mean"])[index], np.asarray(inputs["std"])[index]
+        values = outputs.numpy() * std + mean  # [t, c]
+        return [
+            {**meta, "step": step, **{name: float(value) for name, value in zip(inputs["targets"], row, strict=True)}}
+            for step, row in enumerate(values, start=1)
+        ]
+
+    def describe_inputs(self, train_set: Dataset) -> dict[str, Any]:
+        """The file's columns, the input and target columns, and the training mean / std of every column."""
+        from .data._interface import split_attribute  # zoo.data imports this module
+
+        columns = list(split_attribute(train_set, "columns"))
+        return {
+            "columns": columns,
+            "inputs": [columns[i] for i in split_attribute(train_set, "input_index")],
+            "targets": [columns[i] for i in split_attribute(train_set, "target_index")],
+            "mean": plain(split_attribute(train_set, "mean")),
+            "std": plain(split_attribute(train_set, "std")),
+        }
+
     def build_head(self, spec: HeadSpec) -> nn.Module:
         if not (spec.seq_len and spec.horizon):
             raise ValueError(
@@ -339,6 +410,14 @@ class CausalLanguageModelling(Task):
     def build_head(self, spec: HeadSpec) -> nn.Module:
         _require(self, "vocab_size", spec.vocab_size)
         return LanguageModelHead(spec.dim, spec.vocab_size, tied_weight=spec.tied_weight)
+
+
+def _top_k(scores: Tensor, names: Sequence[str] | None, top_k: int) -> dict[str, list]:
+    """logits `[k]` -> the best classes (names, else indices) and their probabilities, best first."""
+    probabilities = scores.softmax(-1)
+    values, indices = probabilities.topk(min(top_k, len(probabilities)))
+    labels = [names[i] if names else str(i) for i in indices.tolist()]
+    return {"classes": labels, "probabilities": [round(v, 6) for v in values.tolist()]}
 
 
 def _require(task: Task, name: str, value: Any) -> None:
