@@ -83,7 +83,7 @@ def test_matches_dense_reference(n, causal, radius, depth, kernel_size):
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v, kernels), grad_out)
     expected_grads = torch.autograd.grad(expected, (q, k, v, kernels), grad_out)
-    for name, got, want in zip(["q", "k", "v", "kernels"], grads, expected_grads):
+    for name, got, want in zip(["q", "k", "v", "kernels"], grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"gradient of {name}")
 
 

@@ -67,7 +67,7 @@ def test_ff_chunks_give_identical_outputs_and_gradients():
     chunked.load_state_dict(plain.state_dict())
     want, _ = outputs_and_grads(plain, inputs())
     got, _ = outputs_and_grads(chunked, inputs())
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -86,7 +86,7 @@ def test_reversible_recompute_equals_plain_autograd(block, call):
     got, _ = outputs_and_grads(fast, inputs(torch.float64), **call)
     want, _ = outputs_and_grads(reference, inputs(torch.float64), **call)
     assert all(g is not None for g in got)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
@@ -96,7 +96,7 @@ def test_reversible_under_autocast_replays_the_precision():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, _ = outputs_and_grads(fast, inputs())
         want, _ = outputs_and_grads(reference, inputs())
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 

@@ -45,7 +45,7 @@ def test_mixed_chunk_equals_dense_reference(monkeypatch, is_causal, n, group_siz
     grad = torch.randn_like(fast)
     grads_fast = torch.autograd.grad(fast, inputs, grad)
     grads_reference = torch.autograd.grad(reference, inputs, grad)
-    for got, want in zip(grads_fast, grads_reference):
+    for got, want in zip(grads_fast, grads_reference, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 

@@ -107,7 +107,7 @@ def test_equals_the_dense_reference_with_gradients(window, is_causal, chunk_size
     torch.testing.assert_close(out, expected)
     # A band over the whole sequence leaves no key to the feature maps: they get no gradient at all.
     tensors = (q, k, v) + ((fq, fk) if window < LENGTH else ()) + ((gate,) if window else ())
-    for actual, reference in zip(grads(out, tensors), grads(expected, tensors)):
+    for actual, reference in zip(grads(out, tensors), grads(expected, tensors), strict=True):
         torch.testing.assert_close(actual, reference)
 
 

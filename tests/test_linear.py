@@ -53,7 +53,7 @@ def test_equals_the_quadratic_reference(is_causal, chunk_size, masked):
     out = linear_attention(q, k, v, mask, is_causal, chunk_size=chunk_size)
     expected = naive_linear_attention(q, k, v, mask, is_causal)
     torch.testing.assert_close(out, expected)
-    for actual, reference in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+    for actual, reference in zip(grads(out, (q, k, v)), grads(expected, (q, k, v)), strict=True):
         torch.testing.assert_close(actual, reference)
 
 
@@ -169,7 +169,7 @@ def test_blocked_kernel_equals_the_feature_path(masked, value_dim, monkeypatch):
     blocked = linear_attention(q, k, v, mask)
     reference = linear_attention(q, k, v, mask, reference=True)
     torch.testing.assert_close(blocked, reference)
-    for actual, expected in zip(grads(blocked, (q, k, v)), grads(reference, (q, k, v))):
+    for actual, expected in zip(grads(blocked, (q, k, v)), grads(reference, (q, k, v)), strict=True):
         torch.testing.assert_close(actual, expected)
 
 
@@ -184,7 +184,7 @@ def test_blocked_module_gradients_equal_the_reference_module():
     reference.load_state_dict(attention.state_dict())
     expected = reference(x, attn_mask=keep)
     torch.testing.assert_close(out, expected)
-    for actual, wanted in zip(got, grads(expected, (x, *reference.parameters()))):
+    for actual, wanted in zip(got, grads(expected, (x, *reference.parameters())), strict=True):
         torch.testing.assert_close(actual, wanted)
 
 

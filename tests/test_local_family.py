@@ -11,7 +11,7 @@ from torch import nn
 
 import zoo
 from zoo.attention import _flash_parts
-from zoo.attention._blocks import _GatherBlocks, _LookAround
+from zoo.attention._blocks import _GatherBlocks, _LookAround, allowed_attention
 from zoo.attention._flash_parts import Part, parts_attention
 from zoo.attention.bigbird import bigbird_attention, bigbird_layout, draw_random_blocks, global_blocks
 from zoo.attention.dilated import dilated_attention
@@ -95,10 +95,20 @@ def allowed_bigbird(n: int, block_size: int, random_blocks: torch.Tensor) -> tor
 
 
 def reference(q, k, v, allowed):
-    """Dense softmax over the allowed keys; a query with none gets zeros (what the blocked code returns)."""
-    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
-    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-    return torch.where(allowed.any(-1, keepdim=True), weights, 0.0) @ v
+    """Dense softmax over the allowed keys (the one dense reference, `allowed_attention`); a query with none gets
+    zeros (what the blocked code returns)."""
+    return allowed_attention(q, k, v, allowed, None, None, 0.0)
+
+
+def test_the_dense_reference_is_exact_softmax_over_the_allowed_keys():
+    q, k, v = qkv(37, dtype=torch.float64)
+    allowed = band(37, 5, False)
+    allowed[3] = False  # a query with no key at all
+    scores = (q @ k.transpose(-1, -2)) * 8**-0.5
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
+    torch.testing.assert_close(reference(q, k, v, allowed), weights @ v)
+    everything = torch.ones(37, 37, dtype=torch.bool)
+    torch.testing.assert_close(reference(q, k, v, everything), nn.functional.scaled_dot_product_attention(q, k, v))
 
 
 def assert_matches_reference(fast, q, k, v, allowed, keep):
@@ -109,7 +119,7 @@ def assert_matches_reference(fast, q, k, v, allowed, keep):
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
-    for name, got, want in zip("qkv", grads, expected_grads):
+    for name, got, want in zip("qkv", grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"gradient of {name}")
 
 
@@ -119,7 +129,10 @@ def assert_matches_reference(fast, q, k, v, allowed, keep):
 def test_local_matches_naive_reference(n, causal, window):
     q, k, v = qkv(n)
     keep = padding(n)
-    fast = lambda q, k, v: local_attention(q, k, v, keep, causal, window=window)
+
+    def fast(q, k, v):
+        return local_attention(q, k, v, keep, causal, window=window)
+
     assert_matches_reference(fast, q, k, v, band(n, window, causal), keep)
 
 
@@ -130,7 +143,10 @@ def test_dilated_matches_naive_reference(n, causal, window, dilation):
     q, k, v = qkv(n)
     keep = padding(n)
     allowed = band(n, window, causal) & (offsets(n) % dilation == 0)
-    fast = lambda q, k, v: dilated_attention(q, k, v, keep, causal, window=window, dilation=dilation)
+
+    def fast(q, k, v):
+        return dilated_attention(q, k, v, keep, causal, window=window, dilation=dilation)
+
     assert_matches_reference(fast, q, k, v, allowed, keep)
 
 
@@ -143,9 +159,10 @@ def test_sparse_matches_naive_reference(n, causal, pattern, block, num_summary):
     q, k, v = qkv(n)
     keep = padding(n)
     allowed = allowed_sparse(n, pattern, block, num_summary, causal)
-    fast = lambda q, k, v: sparse_attention(
-        q, k, v, keep, causal, pattern=pattern, block=block, num_summary=num_summary
-    )
+
+    def fast(q, k, v):
+        return sparse_attention(q, k, v, keep, causal, pattern=pattern, block=block, num_summary=num_summary)
+
     assert_matches_reference(fast, q, k, v, allowed, keep)
 
 
@@ -156,7 +173,10 @@ def test_longformer_matches_naive_reference(n, causal, global_indices):
     q, k, v = qkv(n)
     keep = padding(n)
     allowed = allowed_longformer(n, 6, global_indices, causal)
-    fast = lambda q, k, v: longformer_attention(q, k, v, keep, causal, window=6, global_indices=global_indices)
+
+    def fast(q, k, v):
+        return longformer_attention(q, k, v, keep, causal, window=6, global_indices=global_indices)
+
     assert_matches_reference(fast, q, k, v, allowed, keep)
 
 
@@ -168,7 +188,10 @@ def test_bigbird_matches_naive_reference(n, block_size, num_random):
     num_blocks = bigbird_layout(n, block_size).num_blocks
     random_blocks = draw_random_blocks(num_blocks, HEADS, num_random, 0)
     allowed = allowed_bigbird(n, block_size, random_blocks)
-    fast = lambda q, k, v: bigbird_attention(q, k, v, random_blocks, keep, block_size=block_size)
+
+    def fast(q, k, v):
+        return bigbird_attention(q, k, v, random_blocks, keep, block_size=block_size)
+
     assert_matches_reference(fast, q, k, v, allowed, keep)
 
 
@@ -210,7 +233,9 @@ def assert_flash_matches_reference(fast, n, allowed):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [1, 8, 20, 36, 130, 500])
 def test_local_flash_parts_match_naive_reference(flash_everywhere, n, causal, window):
-    fast = lambda q, k, v: local_attention(q, k, v, None, causal, window=window)
+    def fast(q, k, v):
+        return local_attention(q, k, v, None, causal, window=window)
+
     assert_flash_matches_reference(fast, n, band(n, window, causal))
 
 
@@ -219,7 +244,10 @@ def test_local_flash_parts_match_naive_reference(flash_everywhere, n, causal, wi
 @pytest.mark.parametrize("window,dilation", [(12, 3), (9, 2), (70, 4), (20, 5)])
 def test_dilated_flash_parts_match_naive_reference(flash_everywhere, n, causal, window, dilation):
     allowed = band(n, window, causal) & (offsets(n) % dilation == 0)
-    fast = lambda q, k, v: dilated_attention(q, k, v, None, causal, window=window, dilation=dilation)
+
+    def fast(q, k, v):
+        return dilated_attention(q, k, v, None, causal, window=window, dilation=dilation)
+
     assert_flash_matches_reference(fast, n, allowed)
 
 
@@ -228,7 +256,10 @@ def test_dilated_flash_parts_match_naive_reference(flash_everywhere, n, causal, 
 @pytest.mark.parametrize("window,global_indices", [(6, ()), (6, (0,)), (6, (0, 20, 36)), (20, (5, 36))])
 def test_longformer_flash_parts_match_naive_reference(flash_everywhere, n, causal, window, global_indices):
     allowed = allowed_longformer(n, window, global_indices, causal)
-    fast = lambda q, k, v: longformer_attention(q, k, v, None, causal, window=window, global_indices=global_indices)
+
+    def fast(q, k, v):
+        return longformer_attention(q, k, v, None, causal, window=window, global_indices=global_indices)
+
     assert_flash_matches_reference(fast, n, allowed)
 
 
@@ -282,7 +313,10 @@ def test_right_padded_batches_run_each_kept_prefix_on_the_flash_path(flash_every
     assert not out[~keep[:, None, :, None].expand_as(out)].any()
     grad_out = torch.randn_like(out) * keep[:, None, :, None]
     for name_, got, want in zip(
-        "qkv", torch.autograd.grad(out, (q, k, v), grad_out), torch.autograd.grad(expected, (q, k, v), grad_out)
+        "qkv",
+        torch.autograd.grad(out, (q, k, v), grad_out),
+        torch.autograd.grad(expected, (q, k, v), grad_out),
+        strict=True,
     ):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"gradient of {name_}")
 
@@ -312,7 +346,10 @@ def test_bigbird_flash_parts_match_naive_reference(flash_everywhere, n, block_si
     if not (random_blocks[:, 1:-1] >= 0).all() or num_blocks < 3:
         pytest.skip("missing random picks or under 3 blocks: the masked path")
     allowed = allowed_bigbird(n, block_size, random_blocks)
-    fast = lambda q, k, v: bigbird_attention(q, k, v, random_blocks, None, block_size=block_size)
+
+    def fast(q, k, v):
+        return bigbird_attention(q, k, v, random_blocks, None, block_size=block_size)
+
     assert_flash_matches_reference(fast, n, allowed)
 
 
@@ -338,7 +375,10 @@ def test_flash_parts_gradients(monkeypatch, piece_bytes):
         Part(0, 3, 8, 0, 3, 8, 0, source="extra"),
         Part(8, 2, 4, 0, 8, 4, source="gather", index=torch.tensor([[[0, 5], [3, 1]], [[5, 5], [0, 2]]]), block=4),
     ]
-    fn = lambda q, k, v, ke, ve, dense: parts_attention(q, k, v, parts, 0.7, ke, ve, dense, offsets=(-3, 30))
+
+    def fn(q, k, v, ke, ve, dense):
+        return parts_attention(q, k, v, parts, 0.7, ke, ve, dense, offsets=(-3, 30))
+
     assert torch.autograd.gradcheck(fn, (q, k, v, k_extra, v_extra, dense))
 
 

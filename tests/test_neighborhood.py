@@ -85,7 +85,7 @@ def test_torch_path_matches_the_allowed_attention(grid, kernel, dilation, prefix
     )
     expected = allowed_attention(q, k, v, neighborhood_keep(grid, prefix, kernel, dilation), mask, None, 0.0)
     torch.testing.assert_close(out, expected)
-    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v)), strict=True):
         torch.testing.assert_close(got, want)
 
 

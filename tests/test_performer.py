@@ -44,7 +44,7 @@ def gaussians(*shape, seed: int = 0, dtype=torch.float64, scale: float = 1.0) ->
 
 
 def assert_same(actual, expected, **tolerances):
-    for a, e in zip(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e, **tolerances)
 
 

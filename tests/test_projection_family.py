@@ -79,7 +79,7 @@ def test_softmax1_matches_the_naive_formula_with_gradients(reference, causal):
     expected = naive_softmax1(q, k, v, keep, causal)
     out = softmax1_attention(q, k, v, keep, causal, reference=reference)
     torch.testing.assert_close(out, expected)
-    for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v)):
+    for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v), strict=True):
         torch.testing.assert_close(got, want)
 
 
@@ -121,7 +121,7 @@ def test_linformer_uses_leading_columns_and_zeroes_padded_keys_before_projecting
     expected = softmax_attention(q, e @ k0, f @ v0, reference=True)
     out = linformer_attention(q, k, v, e, f, keep)
     torch.testing.assert_close(out, expected)
-    for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v)):
+    for got, want in zip(grads(out, q, k, v), grads(expected, q, k, v), strict=True):
         torch.testing.assert_close(got, want)
     # The module at 37 of 64 positions: the pure function with the leading 37 columns.
     x = tokens(37)
@@ -199,7 +199,7 @@ def test_nystrom_matches_the_naive_per_sample_reference_with_gradients(length, l
     loss_mask = keep[:, None, :, None]
     got = grads(out * loss_mask, q, k, v)
     want = grads(expected * loss_mask, q, k, v)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
     # Without a mask (and `length` not a multiple of the landmarks: padded internally) it matches too.
     torch.testing.assert_close(
@@ -287,7 +287,9 @@ def test_synthesizer_fast_path_equals_reference_with_gradients(options):
         out, expected = fast(tokens(37), keep, causal), reference(tokens(37), keep, causal)
         torch.testing.assert_close(out, expected)
         names = [name for name, _ in fast.named_parameters()]
-        for name, got, want in zip(names, grads(out, *fast.parameters()), grads(expected, *reference.parameters())):
+        for name, got, want in zip(
+            names, grads(out, *fast.parameters()), grads(expected, *reference.parameters()), strict=True
+        ):
             torch.testing.assert_close(got, want, msg=name)
 
 
@@ -365,7 +367,7 @@ def test_nystrom_blocked_equals_the_explicit_kernels_with_gradients(length, land
         rows = slice(None) if keep is None else keep[:, None].expand(-1, HEADS, -1)
         torch.testing.assert_close(blocked[rows], reference[rows])
         loss_mask = 1.0 if keep is None else keep[:, None, :, None]
-        for g, w in zip(grads(blocked * loss_mask, q, k, v), grads(reference * loss_mask, q, k, v)):
+        for g, w in zip(grads(blocked * loss_mask, q, k, v), grads(reference * loss_mask, q, k, v), strict=True):
             torch.testing.assert_close(g, w)
 
 
@@ -384,7 +386,7 @@ def test_blocked_attention_equals_masked_softmax_with_gradients(masked, monkeypa
         out = blocked_attention(q, k, v, keep)
         expected = masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
         torch.testing.assert_close(out, expected)
-        for g, w in zip(grads(out, q, k, v), grads(expected, q, k, v)):
+        for g, w in zip(grads(out, q, k, v), grads(expected, q, k, v), strict=True):
             torch.testing.assert_close(g, w)
 
 
@@ -401,5 +403,5 @@ def test_sequence_conv_equals_the_depthwise_conv2d(n, taps):
     torch.testing.assert_close(got, want)
     grads_want = torch.autograd.grad(want, (x, conv.weight), grad)
     grads_got = torch.autograd.grad(got, (x, conv.weight), grad)
-    for a, b in zip(grads_got, grads_want):
+    for a, b in zip(grads_got, grads_want, strict=True):
         torch.testing.assert_close(a, b)

@@ -98,7 +98,7 @@ def test_vq_statistics_count_once_and_its_loss_keeps_its_gradient():
         task_only = torch.autograd.grad(loss, qkv, retain_graph=True)[0]
         (loss + aux).backward()
         # Two backward passes, each recomputing the forward: the keys of the batch are still counted once.
-        for block, before in zip(model.blocks, pending):
+        for block, before in zip(model.blocks, pending, strict=True):
             assert torch.equal(block.attn.pending, before)
         assert pending[0][..., -1].sum() == TINY["num_heads"] * 2 * 37
         assert not torch.allclose(qkv.grad, task_only)

@@ -127,7 +127,7 @@ def test_fast_path_matches_the_dense_reference(is_causal, count_duplicates, leng
     )
     rows = (keep if masked else torch.ones(2, length, dtype=torch.bool))[:, None, :].expand(-1, HEADS, -1)
     torch.testing.assert_close(fast[rows], dense[rows], rtol=1e-9, atol=1e-9)
-    for got, expected in zip(grads(fast, (q, v), keep), grads(dense, (q, v), keep)):
+    for got, expected in zip(grads(fast, (q, v), keep), grads(dense, (q, v), keep), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-9)
 
 
@@ -192,7 +192,9 @@ def _python_normal(seed: int, stream: int, count: int) -> list[float]:
     uniform = [(_hash32(_hash32((i + first) % 2**32) ^ second) + 0.5) * 2.0**-32 for i in range(2 * pairs)]
     radius = [math.sqrt(-2 * math.log(u)) for u in uniform[:pairs]]
     angle = [2 * math.pi * u for u in uniform[pairs:]]
-    normal = [r * math.cos(a) for r, a in zip(radius, angle)] + [r * math.sin(a) for r, a in zip(radius, angle)]
+    normal = [r * math.cos(a) for r, a in zip(radius, angle, strict=True)] + [
+        r * math.sin(a) for r, a in zip(radius, angle, strict=True)
+    ]
     return normal[:count]
 
 

@@ -179,7 +179,7 @@ def test_padded_keys_change_no_count_codeword_or_loss():
         on_optimizer_step(attention)
         results.append((loss, counts, attention.codebook.clone(), attention.ema_sum.clone()))
     assert results[0][1].sum() == HEADS * keep.sum()
-    for a, b in zip(*results):
+    for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -254,7 +254,7 @@ def test_training_step_adds_the_commitment_loss():
     codebooks = [block.attn.codebook.clone() for block in model.blocks]
     optimizer.step()
     on_optimizer_step(model)
-    assert all(not torch.equal(block.attn.codebook, old) for block, old in zip(model.blocks, codebooks))
+    assert all(not torch.equal(block.attn.codebook, old) for block, old in zip(model.blocks, codebooks, strict=True))
     assert all(block.attn.pending is None for block in model.blocks)
     model.eval()
     model(images)

@@ -42,7 +42,7 @@ def test_torch_path_matches_the_allowed_attention(grid, window, shift, prefix, m
     allowed = window2d_keep(grid, prefix, window, shift)
     expected = allowed_attention(q, k, v, allowed, mask, None, 0.0)
     torch.testing.assert_close(out, expected)
-    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v))):
+    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v)), strict=True):
         torch.testing.assert_close(got, want)
 
 

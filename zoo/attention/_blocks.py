@@ -114,7 +114,7 @@ class _LookAround(torch.autograd.Function):
     """`[b, h, k, w, d]` -> `[b, k, h, (s w) + g, d]`: blocks i - before .. i + after side by side, zeros outside,
     then the g `extra` keys `[b, h, g, d]` (global tokens) shared by every block.
 
-    One write per window_blocks slot; autograd through `unfold`, padded slices or `cat` would cost several full-size zero
+    One write per window slot; autograd through `unfold`, padded slices or `cat` would cost several full-size zero
     fills and copies, while the backward here adds the s slices of the gradient into one tensor.
     """
 
@@ -273,7 +273,7 @@ def merge_partials(outs: Sequence[Tensor], lses: Sequence[Tensor]) -> Tensor:
     """
     total = torch.stack(list(lses)).logsumexp(0)
     merged = outs[0] * torch.exp(lses[0] - total)[..., None]
-    for out, lse in zip(outs[1:], lses[1:]):
+    for out, lse in zip(outs[1:], lses[1:], strict=True):
         merged = merged + out * torch.exp(lse - total)[..., None]
     return merged
 

@@ -191,7 +191,11 @@ class Part:
 
 
 def _offset(x: Tensor, batch: tuple[int, ...], start: int) -> int:
-    return x.storage_offset() + sum(i * s for i, s in zip(batch, x.stride())) + start * x.stride(len(batch) + 1)
+    return (
+        x.storage_offset()
+        + sum(i * s for i, s in zip(batch, x.stride(), strict=False))
+        + start * x.stride(len(batch) + 1)
+    )
 
 
 def _group_view(x: Tensor, batch: tuple[int, ...], start: int, count: int, length: int, stride: int) -> Tensor:
@@ -253,7 +257,7 @@ def _add_gathered_grads(grad_rows: dict, rows: tuple[Tensor, ...], part: Part, u
         grad_rows[part.block] = tuple(torch.zeros_like(x) for x in rows)
     h = updates[0].shape[1]
     index = _gather_rows(part, h, rows[0].shape[0] // h)
-    for buffer, update in zip(grad_rows[part.block], updates):
+    for buffer, update in zip(grad_rows[part.block], updates, strict=True):
         buffer.index_add_(0, index, update.reshape(index.shape[0], -1))
 
 
@@ -338,7 +342,7 @@ class _FlashParts(torch.autograd.Function):
             for part in _pieces(parts, q):
                 keys, values = _part_keys(part, batch, k, v, k_extra, v_extra, rows)
                 queries = _group_view(q, batch, part.start, part.count, part.length, part.stride)
-                o, l = _flash_op(_FLASH_FORWARD)(
+                part_out, part_lse = _flash_op(_FLASH_FORWARD)(
                     _flipped(queries, part.flip),
                     _flipped(keys, part.flip),
                     _flipped(values, part.flip),
@@ -347,16 +351,16 @@ class _FlashParts(torch.autograd.Function):
                     attn_mask=part.mask,
                     scale=scale,
                 )
-                o, l = _flipped(o, part.flip), l.flip(-1) if part.flip else l
+                part_out, part_lse = _flipped(part_out, part.flip), part_lse.flip(-1) if part.flip else part_lse
                 total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
-                torch.logaddexp(total, l, out=total)
-                results.append((batch, part, o, l))
+                torch.logaddexp(total, part_lse, out=total)
+                results.append((batch, part, part_out, part_lse))
         if dense is not None:
             torch.logaddexp(lse, torch.logsumexp(dense, -1), out=lse)
-        for batch, part, o, l in results:
+        for batch, part, part_out, part_lse in results:
             total = _lse_view(lse, batch, part.start, part.count, part.length, part.stride)
-            share = torch.exp(l - total).unsqueeze(-1).to(o.dtype)
-            _group_view(out, batch, part.start, part.count, part.length, part.stride).addcmul_(o, share)
+            share = torch.exp(part_lse - total).unsqueeze(-1).to(part_out.dtype)
+            _group_view(out, batch, part.start, part.count, part.length, part.stride).addcmul_(part_out, share)
         if dense is not None:
             share = torch.exp(dense - lse.unsqueeze(-1)).to(out.dtype)
             for i, (rows, keys) in enumerate(_dense_ranges(offsets, q.shape[-2])):

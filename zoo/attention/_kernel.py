@@ -149,7 +149,7 @@ def _causal(phi_q: Tensor, phi_k: Tensor, v1: Tensor, log_scale: Tensor | None, 
     entering = (chunk_states[:, :, :-1] * enter).unbind(2)
     state = torch.zeros_like(chunk_states[:, :, 0])
     states = [state]
-    for chunk, factor in zip(entering, grow.unbind(2)):
+    for chunk, factor in zip(entering, grow.unbind(2), strict=True):
         state = torch.addcmul(chunk, state, factor)
         states.append(state)
     inter = torch.matmul(qc, torch.stack(states, dim=2).transpose(-2, -1)).mul_(query_scale)

@@ -6,8 +6,9 @@ sequence) and to `num_random_blocks` (3) random key blocks drawn per head and qu
 its window and the global ones. One softmax over the union of these keys per query: memory and time
 O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks are a pure function of the `random_seed` buffer and
 the block count, drawn on the model's device without a host sync (`_seeded.random_bits`), so they are the same on
-every call, device, replica and resumed run for a given length (the original code also fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes
-the pattern as a dense `[h, n, n]` mask over exact softmax, for the tests.
+every call, device, replica and resumed run for a given length (the original code also fixes them per layer).
+Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes the pattern as a
+dense `[h, n, n]` mask over exact softmax, for the tests.
 """
 
 from __future__ import annotations

@@ -195,4 +195,7 @@ class LongformerAttention(AttentionBase):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, window={self.window}, global_indices={self.global_indices}, backend={self.backend!r}"
+        return (
+            f"{super().extra_repr()}, window={self.window}, global_indices={self.global_indices}, "
+            f"backend={self.backend!r}"
+        )

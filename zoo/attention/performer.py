@@ -256,9 +256,10 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
     mode and the relu kernel always take.
 
     Buffers (persistent, so resuming restores them): `random_features` `[nb_features, head_dim]` (not named
-    `projection*`: `proj` is the prefix of timm's output projection), and `SeedStepMixin`'s `seed` and `step`. Call `zoo.attention.on_optimizer_step(model)` after
-    every optimizer step; with `redraw_interval > 0` the features are redrawn every `redraw_interval` steps
-    from a generator seeded by (`seed`, redraw index). `projection` picks how they are drawn (`PROJECTIONS`):
+    `projection*`: `proj` is the prefix of timm's output projection), and `SeedStepMixin`'s `seed` and `step`. Call
+    `zoo.attention.on_optimizer_step(model)` after every optimizer step; with `redraw_interval > 0` the features
+    are redrawn every `redraw_interval` steps from a generator seeded by (`seed`, redraw index). `projection` picks
+    how they are drawn (`PROJECTIONS`):
     `orthogonal` (blocks of orthogonal rows, chi norms), `gaussian` (iid N(0, 1) rows) or `hadamard` (SORF
     blocks `sqrt(p) H D1 H D2 H D3`, p = head dim rounded up to a power of 2); see `_features.random_projection`.
 

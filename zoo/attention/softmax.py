@@ -7,6 +7,7 @@ The baseline every other variant is measured against. The fast path is `F.scaled
 from __future__ import annotations
 
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor

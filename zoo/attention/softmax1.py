@@ -10,6 +10,7 @@ logsumexp.
 from __future__ import annotations
 
 from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -160,7 +160,7 @@ def sparse_attention(
             parts.append(_strided(*padded, keep, is_causal, block, scale, dropout_p))
         elif pattern == "fixed" and local.num_blocks > 1:
             parts.append(_summaries(*padded, keep, is_causal, local, num_summary, scale, dropout_p))
-        out = merge_partials(*zip(*parts)) if len(parts) > 1 else parts[0][0]
+        out = merge_partials(*zip(*parts, strict=True)) if len(parts) > 1 else parts[0][0]
     return out[:, :, :n].to(out_dtype)
 
 

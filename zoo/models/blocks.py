@@ -312,7 +312,7 @@ class ReversibleSequence(nn.Sequential):
         if self.recompute and needs_grad and blocks:
             aux = [_aux_modules(block) for block in blocks]
             y1, y2, *losses = _ReversibleCouplings.apply(x, blocks, aux, attn_mask, is_causal, *params)
-            for module, loss in zip((module for modules in aux for module in modules), losses):
+            for module, loss in zip((module for modules in aux for module in modules), losses, strict=True):
                 if module.aux_loss is not None:
                     module.aux_loss = loss
         else:
@@ -381,7 +381,7 @@ class _ReversibleCouplings(torch.autograd.Function):
         # Each block's auxiliary modules with the gradients of their losses, in block order.
         dlosses = iter(dlosses)
         aux = [[(module, next(dlosses)) for module in modules] for modules in ctx.aux]
-        for block, (rng1, rng2), block_aux in zip(reversed(ctx.blocks), reversed(ctx.rng), reversed(aux)):
+        for block, (rng1, rng2), block_aux in zip(reversed(ctx.blocks), reversed(ctx.rng), reversed(aux), strict=True):
             params = [p for p in block.parameters() if p.requires_grad]
             g, (dy1_g, *dparams) = _branch_grad(ctx, block.branch2, rng2, y1, params, dy2, block_aux)
             _accumulate(grads, params, dparams)
@@ -409,7 +409,7 @@ def _branch_grad(ctx, branch, rng: _RngState, x: Tensor, params: list[Tensor], g
             out = branch(x, ctx.attn_mask, ctx.is_causal)
         losses = [(m.aux_loss, grad) for m, grad in aux if m.aux_loss is not None and m.aux_loss.requires_grad]
     finally:
-        for (module, _), loss in zip(aux, kept):
+        for (module, _), loss in zip(aux, kept, strict=True):
             module.aux_loss = loss
     outputs = [out] + [loss for loss, _ in losses]
     grad_outputs = [grad_out] + [grad.to(loss.dtype) for loss, grad in losses]
@@ -418,6 +418,6 @@ def _branch_grad(ctx, branch, rng: _RngState, x: Tensor, params: list[Tensor], g
 
 
 def _accumulate(grads: dict[int, Tensor], params: list[Tensor], values) -> None:
-    for param, value in zip(params, values):
+    for param, value in zip(params, values, strict=True):
         if value is not None:
             grads[id(param)] = value if id(param) not in grads else grads[id(param)] + value
