@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The suite runs in this many processes (pytest-xdist), one torch thread each: both cores of a 2-core machine busy.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install data-deps quickstart test test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
+.PHONY: install data-deps quickstart test test-fast test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,6 +32,11 @@ data-deps: $(STAMP)
 
 test: $(STAMP) data-deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+
+# The inner loop: the suite without the tests marked slow (multi-process and end-to-end runs); `make test` stays
+# the full suite.
+test-fast: $(STAMP) data-deps
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 # The suite under another torch, e.g. `make test-torch TORCH=2.11.0`: its own .venv-torch<version> (git-ignored)
 # with that torch, the torchvision of its release (0.<minor + 15>.*; TORCHVISION=... where none is published yet)

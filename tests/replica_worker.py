@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from accelerate.state import AcceleratorState
 from accelerate.utils import gather_object
+from helpers import reset_accelerate
 
 from zoo.data import debian
 from zoo.distributed import whole_state
@@ -110,7 +110,7 @@ def train_and_compare(recipe: Recipe, run_dir: Path) -> dict:
     reason = missing_data(recipe.data.name)
     if reason:
         return {"status": "skipped", "reason": reason}
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     trainer = Trainer(recipe, run_dir)
     # one epoch's steps, as fit() trains them, without its evaluation and checkpoints (the Trainer's own check of
     # the replicas after the first step runs inside)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_vit_recipe, with_sections
 from safetensors.torch import load_file, save_file
 
 import zoo.engine
@@ -22,43 +22,22 @@ from zoo.engine import NonFiniteError, Trainer
 from zoo.evaluation import evaluate_run
 from zoo.recipe import load_recipe
 
-TINY = {
-    "name": "tiny",
-    "seed": 3,
-    "model": {
-        "name": "vit_tiny_patch16_224",
-        "img_size": 32,
-        "patch_size": 8,
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}},
-    },
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 48,
-        "val_samples": 16,
-        "test_samples": 16,
-        "batch_size": 8,
-        "num_workers": 0,
-    },
-    "optim": {"lr": 1e-3},
-    "schedule": {"warmup_steps": 2},
-    "train": {"epochs": 2, "log_every_steps": 1, "checkpoint_every_steps": 2, "mixed_precision": "no"},
-}
+TINY = tiny_vit_recipe(
+    model={"attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}}},
+    optim={"lr": 1e-3},
+    schedule={"warmup_steps": 2},
+    train={"epochs": 2, "log_every_steps": 1, "checkpoint_every_steps": 2},
+)
 
 
 def write_recipe(folder: Path, **train) -> Path:
-    recipe = json.loads(json.dumps(TINY))
-    recipe["train"].update(train)
     path = folder / "tiny.yaml"
-    path.write_text(yaml.safe_dump(recipe))
+    path.write_text(yaml.safe_dump(with_sections(TINY, train=train)))
     return path
 
 
 def fit(recipe: Path, run_dir: Path, resume: bool | str = False) -> Trainer:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     trainer = Trainer(load_recipe(recipe), run_dir, resume=resume)
     trainer.fit()
     return trainer

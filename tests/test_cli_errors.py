@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import tiny_sequence_model
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -159,7 +160,7 @@ def test_tools_train_on_a_csv_with_a_missing_target_value(tmp_path):
     (tmp_path / "load.csv").write_text("step,load\n" + "\n".join(rows) + "\n")
     recipe = {
         "task": "forecast",
-        "model": {"kind": "sequence", "embed_dim": 16, "depth": 1, "num_heads": 2, "sequence": {"input": "series"}},
+        "model": tiny_sequence_model("series"),
         "data": {"name": "forecast_csv", "root": str(tmp_path / "load.csv"), "num_workers": 0},
         "metrics": ["mse"],
     }

@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate
 from safetensors.torch import save_file
 
 import zoo
@@ -74,7 +74,7 @@ def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
     assert summary["stage1"]["steps"] == 2 and len(summary["stage1"]["losses"]) == 2
     assert summary["stage2"]["steps"] == 2 and summary["stage2"]["distill_losses"] == []
     # tools/eval.py's path and zoo.load_model read the run as a trained one
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     assert evaluate_run(run_dir, split="test")["metrics"]["samples"] == 8
     model = zoo.load_model(run_dir)
     assert [type(b.attn).attention_name for b in model.blocks] == ["hedgehog", "hedgehog"]
@@ -90,7 +90,7 @@ def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
 
 
 def test_the_teacher_weights_reach_the_student_and_stage_one_trains_only_the_feature_maps(files):
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     recipe = load_recipe(files["recipe"], ["model.attention={name: hedgehog}", *AT_64])
     result = convert_run(files["weights"], recipe, stage1_steps=3, stage2_steps=0, eval_split=None)
     teacher, student = result.teacher.state_dict(), result.student.state_dict()
@@ -103,10 +103,10 @@ def test_the_teacher_weights_reach_the_student_and_stage_one_trains_only_the_fea
 
 
 def test_a_run_directory_is_a_teacher_and_distils_its_logits(files, tmp_path):
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     teacher_run = tmp_path / "teacher"
     Trainer(load_recipe(files["recipe"]), teacher_run).fit()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     recipe = load_recipe(files["recipe"], ["model.attention={name: linear}", *AT_64])
     result = convert_run(
         teacher_run, recipe, stage1_steps=2, stage2_steps=2, eval_split="val", run_dir=tmp_path / "run"

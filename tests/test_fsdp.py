@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 from torch import nn
 
@@ -28,44 +27,28 @@ ROOT = Path(__file__).resolve().parents[1]
 # ViTDet's layout in miniature: 2-D windows of 2 x 2 patches on the 4 x 4 grid, softmax in block 1; drop path, so
 # that the activation checkpointing of the fsdp runs must replay the random masks to match ddp; a conv stem, whose
 # BatchNorm statistics every process updates from its own batch (process 0's are kept under both strategies).
-TINY = {
-    "name": "tiny_fsdp",
-    "seed": 5,
-    "model": {
-        "name": "vit_tiny_patch16_224",
-        "img_size": 32,
-        "patch_size": 8,
+TINY = tiny_vit_recipe(
+    name="tiny_fsdp",
+    seed=5,
+    model={
         "stem": "conv",
-        "embed_dim": 32,
         "depth": 2,
-        "num_heads": 2,
         "drop_path_rate": 0.1,
         "attention": {"name": "window2d", "options": {"window": 2}},
         "global_blocks": [1],
         "global_attention": {"name": "softmax"},
     },
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 32,
-        "val_samples": 16,
-        "test_samples": 16,
-        "batch_size": 4,
-        "num_workers": 0,
-    },
-    "optim": {"lr": 1e-3},
+    data={"train_samples": 32, "batch_size": 4},
+    optim={"lr": 1e-3},
     # constant: the learning rate of a step does not depend on train.max_steps, which the resume raises
-    "schedule": {"name": "constant"},
-    "train": {"epochs": 1, "log_every_steps": 1, "checkpoint_every_steps": 2},
-}
+    schedule={"name": "constant"},
+    # mixed precision `auto`: bf16 on a GPU that has it
+    train={"log_every_steps": 1, "checkpoint_every_steps": 2, "mixed_precision": "auto"},
+)
 
 
-def write_recipe(folder: Path, **train) -> Path:
-    recipe = yaml.safe_load(yaml.safe_dump(TINY))
-    recipe["train"].update(train)
-    path = folder / "tiny_fsdp.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    return path
+def recipe_file(folder: Path, **train) -> Path:
+    return write_recipe(folder / "tiny_fsdp.yaml", with_sections(TINY, train=train))
 
 
 def free_port() -> int:
@@ -92,7 +75,7 @@ def runs(tmp_path_factory) -> dict:
     """Each strategy trains 2 of the 4 steps of an epoch, stops (with a checkpoint), then resumes to step 4; fsdp
     with model.grad_checkpointing (its activation checkpointing). Four launches, about 10-15 s each."""
     root = tmp_path_factory.mktemp("fsdp")
-    recipe = write_recipe(root)
+    recipe = recipe_file(root)
     out = {}
     for strategy, extra in (("ddp", ()), ("fsdp", ("model.grad_checkpointing=true",))):
         run_dir = root / strategy
@@ -138,7 +121,7 @@ def test_fsdp_resumes_and_ends_with_the_weights_of_ddp(runs):
 
 @pytest.mark.slow
 def test_an_fsdp_run_evaluates_as_the_ddp_run(runs):
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     results = {s: evaluate_run(runs[s]["dir"], checkpoint="last", split="test")["metrics"] for s in ("ddp", "fsdp")}
     assert results["fsdp"]["samples"] == 16
     assert results["fsdp"]["top1"] == results["ddp"]["top1"]
@@ -146,8 +129,8 @@ def test_an_fsdp_run_evaluates_as_the_ddp_run(runs):
 
 
 def test_one_process_fsdp_trains_the_whole_model(tmp_path, caplog):
-    AcceleratorState._reset_state(reset_partial_state=True)
-    recipe = load_recipe(write_recipe(tmp_path, distributed="fsdp", max_steps=2))
+    reset_accelerate()
+    recipe = load_recipe(recipe_file(tmp_path, distributed="fsdp", max_steps=2))
     with caplog.at_level(logging.INFO, logger="zoo.distributed"):
         trainer = Trainer(recipe, tmp_path / "run")
     assert "nothing to shard over" in caplog.text
@@ -177,6 +160,6 @@ def test_models_fsdp_cannot_shard_are_refused():
 
 def test_an_unknown_strategy_names_the_choices(tmp_path):
     with pytest.raises(RecipeError, match="train.distributed: expected one of 'ddp', 'fsdp', got 'fsdpp'"):
-        load_recipe(write_recipe(tmp_path), ["train.distributed=fsdpp"])
+        load_recipe(recipe_file(tmp_path), ["train.distributed=fsdpp"])
     with pytest.raises(ValueError, match=r"unknown train.distributed 'fdsp' \(did you mean 'fsdp'\?\)"):
         build_accelerator("fdsp")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_sequence_model
 from PIL import Image
 
 from zoo.data import DataContext, build_dataset
@@ -254,11 +254,10 @@ def test_fewer_training_samples_than_a_batch_says_so(tmp_path):
         (tmp_path / f"{split}.csv").write_text("label,t0,t1,t2\na,1,2,3\nb,4,5,6\na,7,8,9\n")
     recipe = {
         "name": "few",
-        "model": {"kind": "sequence", "embed_dim": 16, "depth": 1, "num_heads": 2},
+        "model": tiny_sequence_model(sequence={"input": "series", "patch_len": 2, "patch_stride": 1}),
         "data": {"name": "csv", "root": str(tmp_path), "batch_size": 8, "num_workers": 0},
     }
-    recipe["model"]["sequence"] = {"input": "series", "patch_len": 2, "patch_stride": 1}
     (tmp_path / "few.yaml").write_text(yaml.safe_dump(recipe))
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     with pytest.raises(ValueError, match=r"'csv' has 3 training samples, .*lower data.batch_size to at most 3"):
         Trainer(load_recipe(tmp_path / "few.yaml"), tmp_path / "run")

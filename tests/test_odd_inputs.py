@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_sequence_recipe, write_recipe
 from odd_inputs import (
     IMG_SIZE,
     csv_splits,
@@ -48,7 +47,6 @@ from zoo.recipe import DataConfig, load_recipe, recipe_from_dict
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_network")
 
-SEQUENCE_MODEL = {"kind": "sequence", "embed_dim": 16, "depth": 1, "num_heads": 2}
 TRAIN = {"epochs": 1, "max_steps": 1, "mixed_precision": "no"}
 # time steps of a CSV series (the series model's patches are 16 steps)
 STEPS = 24
@@ -85,17 +83,8 @@ def forecast(path: Path, split: str = "train", num_samples: int | None = None, *
     )
 
 
-def write_recipe(path: Path, tree: dict) -> Path:
-    path.write_text(yaml.safe_dump(tree))
-    return path
-
-
 def sequence_recipe(name: str, data: dict, task: str, source: str) -> dict:
-    return {
-        "name": name, "task": task, "data": {"num_workers": 0, "batch_size": 4, **data},
-        "model": {**SEQUENCE_MODEL, "sequence": {"input": source}}, "train": TRAIN,
-        "metrics": ["mse"] if task == "forecast" else ["top1"],
-    }  # fmt: skip
+    return tiny_sequence_recipe(name, data, task, source, train=TRAIN)
 
 
 class Runs:
@@ -107,9 +96,9 @@ class Runs:
     def _train(self, name: str, recipe: dict) -> Path:
         if name not in self.found:
             run_dir = self.home / name
-            AcceleratorState._reset_state(reset_partial_state=True)
+            reset_accelerate()
             Trainer(recipe_from_dict(recipe), run_dir).fit()
-            AcceleratorState._reset_state(reset_partial_state=True)
+            reset_accelerate()
             self.found[name] = run_dir
         return self.found[name]
 

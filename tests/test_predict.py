@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate
 from PIL import Image
 
 import zoo
@@ -43,9 +43,9 @@ TRAIN = {"epochs": 1, "max_steps": 2, "mixed_precision": "no"}
 
 
 def train(recipe, run_dir: Path) -> torch.nn.Module:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     Trainer(recipe, run_dir).fit()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     return zoo.load_model(run_dir)
 
 

@@ -3,7 +3,7 @@ starts from the pretrained weights, resume around pretraining, and the recipe's 
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_sequence_model
 
 from zoo import engine
 from zoo.engine import Trainer
@@ -95,7 +95,7 @@ def tiny_recipe(**pretrain) -> dict:
         "name": "pretrain_tiny",
         "task": "classification",
         "metrics": ["top1"],
-        "model": {"kind": "sequence", "embed_dim": 16, "depth": 1, "num_heads": 2, "sequence": {"input": "tokens"}},
+        "model": tiny_sequence_model("tokens"),
         "data": {
             "name": "listops",
             "options": {"min_length": 8, "max_length": 30, "max_depth": 3, "max_args": 3},
@@ -111,7 +111,7 @@ def tiny_recipe(**pretrain) -> dict:
 
 
 def trainer(recipe: dict, run_dir, resume: bool = False) -> Trainer:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     return Trainer(recipe_from_dict(recipe), run_dir, resume=resume)
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate
 from torch.utils.data import Dataset
 
 from zoo.data import DataContext, _registry, build_dataset, get_dataset, list_datasets, register_dataset
@@ -122,10 +122,10 @@ IMAGES = {
 
 @pytest.mark.parametrize("recipe", [TOKENS, IMAGES], ids=["tokens", "image"])
 def test_a_registered_dataset_trains_from_a_recipe(toy_datasets, tmp_path, recipe):
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     trainer = Trainer(recipe_from_dict(recipe), tmp_path / "run")
     result = trainer.fit()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     assert result["step"] == 2 and result["val_samples"] == recipe["data"]["val_samples"]
     assert 0 <= result["val_top1"] <= 1 and result["val_loss"] > 0
     assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["steps"] == 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate
 
 from zoo import engine
 from zoo.data import INPUT_KINDS, DataContext, build_dataset, debian, get_dataset, list_datasets
@@ -46,9 +46,9 @@ def needs(package: str):
 
 
 def fit(recipe, run_dir: Path) -> dict:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     Trainer(recipe, run_dir).fit()
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     return evaluate_run(run_dir, checkpoint="best", split="test")
 
 

@@ -5,43 +5,26 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_vit_recipe, write_recipe
 
 from zoo.engine import Trainer
 from zoo.recipe import RecipeError, load_recipe
 
-RECIPE = {
-    "name": "tracked",
-    "model": {
-        "name": "vit_tiny_patch16_224",
-        "img_size": 32,
-        "patch_size": 8,
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "attention": {"name": "linear"},
-    },
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 24,
-        "val_samples": 8,
-        "test_samples": 8,
-        "batch_size": 8,
-        "num_workers": 0,
-    },
-    # 3 steps an epoch: the run stops a step into its second epoch
-    "train": {"epochs": 2, "max_steps": 4, "log_every_steps": 1, "mixed_precision": "no"},
-}
+
+def tracked_recipe(**train) -> dict:
+    return tiny_vit_recipe(
+        name="tracked",
+        seed=0,
+        model={"attention": {"name": "linear"}},
+        data={"train_samples": 24, "val_samples": 8, "test_samples": 8},
+        # 3 steps an epoch: the run stops a step into its second epoch
+        train={"epochs": 2, "max_steps": 4, "log_every_steps": 1, **train},
+    )
 
 
 def train(tmp_path: Path, **train) -> tuple[Trainer, Path]:
-    recipe = yaml.safe_load(yaml.safe_dump(RECIPE))
-    recipe["train"].update(train)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    AcceleratorState._reset_state(reset_partial_state=True)
+    path = write_recipe(tmp_path / "recipe.yaml", tracked_recipe(**train))
+    reset_accelerate()
     trainer = Trainer(load_recipe(path), tmp_path / "run")
     trainer.fit()
     return trainer, tmp_path / "run"

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from accelerate.state import AcceleratorState
+from helpers import reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 
 import zoo
@@ -19,44 +18,21 @@ from zoo.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY_RECIPE = {
-    "name": "tiny",
-    "seed": 3,
-    "model": {
-        "name": "vit_tiny_patch16_224",
-        "img_size": 32,
-        "patch_size": 8,
-        "embed_dim": 32,
-        "depth": 1,
-        "num_heads": 2,
-        "attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}},
-    },
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 48,
-        "val_samples": 16,
-        "test_samples": 16,
-        "batch_size": 8,
-        "num_workers": 0,
-    },
-    "optim": {"lr": 1e-3},
-    "schedule": {"warmup_steps": 2},
-    "train": {"epochs": 2, "log_every_steps": 1},
-}
+# Performer's features redrawn every 2 steps; mixed precision `auto` (bf16 on a GPU that has it)
+TINY_RECIPE = tiny_vit_recipe(
+    model={"attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}}},
+    optim={"lr": 1e-3},
+    schedule={"warmup_steps": 2},
+    train={"epochs": 2, "log_every_steps": 1, "mixed_precision": "auto"},
+)
 
 
-def write_recipe(tmp_path: Path, **overrides) -> Path:
-    recipe = yaml.safe_load(yaml.safe_dump(TINY_RECIPE))
-    for key, value in overrides.items():
-        recipe[key] = {**recipe.get(key, {}), **value}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(recipe))
-    return path
+def recipe_file(tmp_path: Path, **overrides) -> Path:
+    return write_recipe(tmp_path / "tiny.yaml", with_sections(TINY_RECIPE, **overrides))
 
 
 def fit(recipe_path: Path, run_dir: Path, *, resume: bool = False) -> Trainer:
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate()
     trainer = Trainer(load_recipe(recipe_path), run_dir, resume=resume)
     trainer.fit()
     return trainer
@@ -68,7 +44,7 @@ def run_tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
     run_dir = tmp_path / "run"
-    fit(write_recipe(tmp_path), run_dir)
+    fit(recipe_file(tmp_path), run_dir)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2]
     assert records[-1]["step"] == 12
@@ -76,7 +52,7 @@ def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
     for which in ("last", "best"):
         assert (run_dir / "checkpoints" / which / "model.safetensors").is_file()
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
-    assert load_recipe(run_dir / "recipe.yaml") == load_recipe(write_recipe(tmp_path))
+    assert load_recipe(run_dir / "recipe.yaml") == load_recipe(recipe_file(tmp_path))
     summary = json.loads((run_dir / "train_summary.json").read_text())
     assert summary["steps"] == 12 and summary["replicas_identical"]
 
@@ -88,7 +64,7 @@ def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
 
 
 def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
-    recipe = write_recipe(tmp_path, train={"checkpoint_every_steps": 4})
+    recipe = recipe_file(tmp_path, train={"checkpoint_every_steps": 4})
     fit(recipe, tmp_path / "straight")
 
     original = Trainer._train_batch
@@ -118,7 +94,7 @@ def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):
 
 def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    trainer = fit(write_recipe(tmp_path), run_dir)
+    trainer = fit(recipe_file(tmp_path), run_dir)
     before = load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
 
     def broken_save_state(output_dir, **kwargs):
@@ -135,7 +111,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_two_cpu_processes_end_with_identical_replicas(tmp_path):
-    recipe = write_recipe(tmp_path, train={"epochs": 1})
+    recipe = recipe_file(tmp_path, train={"epochs": 1})
     run_dir = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
@@ -178,7 +154,7 @@ def test_two_cpu_processes_end_with_identical_replicas(tmp_path):
 )
 def test_malformed_recipes_give_one_line_and_exit_nonzero(tmp_path, override, message):
     result = run_tool(
-        "tools/train.py", str(write_recipe(tmp_path)), "--set", override, "--output", str(tmp_path / "run")
+        "tools/train.py", str(recipe_file(tmp_path)), "--set", override, "--output", str(tmp_path / "run")
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -1,0 +1,112 @@
+"""Builders shared by the test files, imported by name (`from helpers import tiny_vit_recipe`): the tiny recipes
+that train in seconds on a CPU, and a fresh accelerate state for the next run in the same process.
+
+Fixtures live in conftest.py; these are plain functions because test files call them at import time and inside
+their own helpers, and a conftest.py cannot be imported reliably (pytest loads one per folder under one name).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+from accelerate.test_utils.testing import AccelerateTestCase
+
+# 32-px MegaMNIST canvases: two 12-px target digits, one other digit and one clutter patch
+TINY_CANVAS = {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1}
+
+_TINY_VIT = {
+    "name": "tiny",
+    "seed": 3,
+    "model": {
+        "name": "vit_tiny_patch16_224",
+        "img_size": 32,
+        "patch_size": 8,
+        "embed_dim": 32,
+        "depth": 1,
+        "num_heads": 2,
+        "attention": {"name": "performer", "options": {"nb_features": 16}},
+    },
+    "data": {
+        "name": "megamnist",
+        "options": TINY_CANVAS,
+        "train_samples": 48,
+        "val_samples": 16,
+        "test_samples": 16,
+        "batch_size": 8,
+        "num_workers": 0,
+    },
+    "train": {"epochs": 1, "mixed_precision": "no"},
+}
+
+# the 1-D model every sequence test trains: one block, 16 wide, 2 heads
+_TINY_SEQUENCE = {"kind": "sequence", "embed_dim": 16, "depth": 1, "num_heads": 2}
+
+
+def with_sections(tree: dict, **sections) -> dict:
+    """A copy of recipe `tree` where a keyword naming a mapping section (`model`, `data`, `train`, `optim`, ...)
+    updates that section's top-level keys (`model={"attention": {"name": "linear"}}` replaces the attention) and
+    any other sets the value (`name="x"`, `seed=5`)."""
+    tree = copy.deepcopy(tree)
+    for key, value in sections.items():
+        both = isinstance(value, dict) and isinstance(tree.get(key), dict)
+        tree[key] = {**tree[key], **value} if both else value
+    return copy.deepcopy(tree)
+
+
+def tiny_vit_recipe(**sections) -> dict:
+    """A recipe tree that trains in seconds: a ViT of one block (width 32, 2 heads, 8-px patches, Performer with 16
+    features) on 32-px MegaMNIST canvases (48 / 16 / 16 samples, batches of 8, no workers), one fp32 epoch, seed 3;
+    `sections` change it as in `with_sections`. Every call returns a fresh copy."""
+    return with_sections(_TINY_VIT, **sections)
+
+
+def tiny_sequence_model(input: str | None = None, **keys) -> dict:
+    """The `model` section of a tiny 1-D model (one block, width 16, 2 heads), reading `input` (`tokens`, `series`,
+    `dna`; None: the recipe's default) and `keys` on top."""
+    model = copy.deepcopy(_TINY_SEQUENCE)
+    if input is not None:
+        model["sequence"] = {"input": input}
+    return {**model, **keys}
+
+
+def tiny_sequence_recipe(name: str, data: dict, task: str, input: str, *, train: dict, **model) -> dict:
+    """A recipe tree for the tiny 1-D model on `data` (batches of 4, no workers; its keys on top), for `task`
+    (mse for a forecast, top-1 otherwise); `model` keys go into the model section."""
+    return {
+        "name": name,
+        "task": task,
+        "data": {"num_workers": 0, "batch_size": 4, **data},
+        "model": tiny_sequence_model(input, **model),
+        "train": train,
+        "metrics": ["mse"] if task == "forecast" else ["top1"],
+    }
+
+
+def shrink_1d(max_steps: int) -> list[str]:
+    """`--set` overrides that shrink a shipped 1-D recipe to seconds: the tiny 1-D model, `max_steps` fp32 steps
+    of one epoch, no workers, one warm-up step."""
+    return [
+        f"model.embed_dim={_TINY_SEQUENCE['embed_dim']}",
+        f"model.depth={_TINY_SEQUENCE['depth']}",
+        f"model.num_heads={_TINY_SEQUENCE['num_heads']}",
+        "data.num_workers=0",
+        "train.epochs=1",
+        f"train.max_steps={max_steps}",
+        "train.mixed_precision=no",
+        "schedule.warmup_steps=1",
+    ]
+
+
+def write_recipe(path: Path, tree: dict) -> Path:
+    """`tree` written to `path` as YAML."""
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state (its `AcceleratorState`, `PartialState` and `GradientState`
+    singletons), so that the next `Accelerator` in this process takes its own settings: what accelerate's own
+    tests do between tests (`accelerate.test_utils.testing.AccelerateTestCase.tearDown`)."""
+    AccelerateTestCase().tearDown()
