@@ -50,6 +50,23 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
+def _landmarks(q: Tensor, k: Tensor, keep: Tensor | None, r: int, w: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The landmarks: segment means of the kept tokens, `q_l, k_l: [b, h, r, d]` (padded tokens zeroed; the
+    sequence padded to r * w only here), and which segments hold a kept token, `[b, r]` bool (None: all)."""
+    counts = torch.full((1, r), w, device=q.device)
+    has_landmark = None
+    if keep is not None:
+        counts = rearrange(keep, "b (r w) -> b r w", w=w).sum(-1)  # b r
+        has_landmark = counts > 0
+    denominator = counts.clamp_min(1).to(q.dtype)[:, None, :, None]
+    q_l, k_l = (
+        rearrange(masked_fill_keys(pad_to_multiple(t, r * w)[0], keep), "b h (r w) d -> b h r w d", w=w).sum(-2)
+        / denominator
+        for t in (q, k)
+    )
+    return q_l, k_l, has_landmark
+
+
 def nystrom_attention(
     q: Tensor,
     k: Tensor,
@@ -87,22 +104,13 @@ def nystrom_attention(
     # The pinv iterations and the three softmaxes lose too much in half precision: float32 inside.
     with torch.autocast(q.device.type, enabled=False):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        q_l, k_l, has_landmark = _landmarks(q, k, keep, r, w)
+        q_l = q_l * scale
         landmark_keep = middle_keep = None
-        counts = torch.full((1, r), w, device=q.device)
-        if keep is not None:
-            counts = rearrange(keep, "b (r w) -> b r w", w=w).sum(-1)  # b r
-            has_landmark = counts > 0
+        if has_landmark is not None:
             landmark_keep = has_landmark[:, None, None, :]
             eye = torch.eye(r, dtype=torch.bool, device=q.device)
             middle_keep = (has_landmark[:, None, :, None] & landmark_keep) | eye
-        denominator = counts.clamp_min(1).to(dtype)[:, None, :, None]
-        # Segment means of the kept tokens (padded ones zeroed; the sequence padded to r * w only here).
-        q_l, k_l = (
-            rearrange(masked_fill_keys(pad_to_multiple(t, r * w)[0], keep), "b h (r w) d -> b h r w d", w=w).sum(-2)
-            / denominator
-            for t in (q, k)
-        )
-        q_l = q_l * scale
         kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
         if not reference:
             values = blocked_attention(q_l, k, v, mask)  # softmax(q_l k^T) v: b h r d
