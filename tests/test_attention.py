@@ -3,12 +3,14 @@
 The contract every registered variant keeps runs over the whole registry in `test_attention_registry.py`.
 """
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
 
 import zoo
-from zoo.attention import key_padding_mask, list_attentions
+from zoo.attention import AttentionBase, key_padding_mask, list_attentions
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 ALL = list_attentions()
@@ -62,6 +64,28 @@ def test_softmax_matches_timm_attention():
     timm_attention = Attention(DIM, HEADS, qkv_bias=True).eval()
     timm_attention.load_state_dict(ours.state_dict())
     torch.testing.assert_close(ours(inputs()), timm_attention(inputs()))
+
+
+def test_the_base_class_takes_every_timm_attention_argument():
+    """timm builds a block's attention with keywords from its own `Attention` signature: each has a parameter of
+    the same name and default here."""
+    from timm.layers import Attention
+
+    ours = inspect.signature(AttentionBase.__init__).parameters
+    for name, param in inspect.signature(Attention.__init__).parameters.items():
+        assert name in ours and ours[name].default == param.default, name
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_variant_passes_timms_arguments_through(name):
+    """`__init__(self, dim, num_heads=8, *, <own options>, **timm_args)`: a variant does not copy timm's argument
+    list, and none of its own options shadows one of timm's."""
+    params = list(inspect.signature(zoo.attention.get_attention(name).__init__).parameters.values())
+    assert [(p.name, p.default) for p in params[1:3]] == [("dim", inspect.Parameter.empty), ("num_heads", 8)]
+    assert params[-1].kind is inspect.Parameter.VAR_KEYWORD
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:-1])
+    timm_arguments = set(inspect.signature(AttentionBase.__init__).parameters)
+    assert not set(zoo.attention.attention_options(name)) & timm_arguments
 
 
 def test_variants_refuse_attention_dropout_they_cannot_apply():
