@@ -70,7 +70,7 @@ def test_load_report_names_what_was_left_out(tmp_path):
     path = tmp_path / "w.pth"
     torch.save({"state_dict": source.state_dict()}, path)
     target = zoo.create_model("vit_tiny_patch16_224", attention="performer", img_size=64, **TINY)
-    report = zoo.load_pretrained(target, path)
+    report = zoo.load_timm_weights(target, path)
     assert isinstance(report, LoadReport)
     assert set(report.dropped_keys) == {"head.weight", "head.bias"}
     assert report.missing_attention_keys and all(".attn." in key for key in report.missing_attention_keys)

@@ -9,7 +9,7 @@ from .attention import (
     on_optimizer_step,
     register_attention,
 )
-from .models import create_model, load_pretrained
+from .models import create_model, load_timm_weights
 from .pretrained import WeightsError, load_model, push_to_hub, save_pretrained
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
     "create_model",
     "list_attentions",
     "load_model",
-    "load_pretrained",
+    "load_timm_weights",
     "on_optimizer_step",
     "push_to_hub",
     "register_attention",

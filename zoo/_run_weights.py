@@ -32,10 +32,9 @@ FilesFrom = Literal["checkpoint", "run"]
 
 
 def without_pretrained(recipe: Recipe) -> Recipe:
-    """`recipe` with its pretrained weights off (`model.pretrained`, `model.pretrained_file`): a checkpoint holds
+    """`recipe` with its pretrained weights off (its model kind says which options fetch them): a checkpoint holds
     every weight, and a student converted from a teacher takes the teacher's; none is fetched again."""
-    model = dataclasses.replace(recipe.model, pretrained=False, pretrained_file=None)
-    return dataclasses.replace(recipe, model=model)
+    return dataclasses.replace(recipe, model=recipe.model.without_pretrained())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from .vit import (
     ReversibleVisionTransformer,
     ZooVisionTransformer,
     create_model,
-    load_pretrained,
+    load_timm_weights,
 )
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
     "create_model",
     "create_sequence_model",
     "generate",
-    "load_pretrained",
+    "load_timm_weights",
     "load_vit_weights",
     "supports_recurrent",
 ]

@@ -33,7 +33,7 @@ from huggingface_hub import is_offline_mode
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.layers import to_2tuple, use_reentrant_ckpt
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
+from timm.models import build_model_with_cfg, generate_default_cfgs, load_pretrained, register_model
 from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
@@ -53,7 +53,7 @@ __all__ = [
     "ZooVisionTransformer",
     "checkpoint_filter_fn",
     "create_model",
-    "load_pretrained",
+    "load_timm_weights",
 ]  # register_model adds each entry point
 
 _logger = logging.getLogger(__name__)
@@ -246,25 +246,39 @@ def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> Zo
     if not isinstance(reversible, bool):
         raise ValueError(f"reversible={reversible!r} must be True or False")
     out_indices = kwargs.pop("out_indices", 3)
-    # A weights file (pretrained_cfg_overlay=dict(file=...)) is read and checked by load_pretrained, with one-line
-    # errors; timm reads only what it fetches (the hub).
-    cfg = resolve_pretrained_cfg(variant, kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay"))
-    from_file = pretrained and cfg.file is not None and cfg.state_dict is None and not kwargs.get("features_only")
-    try:
-        model = build_model_with_cfg(
-            ReversibleVisionTransformer if reversible else ZooVisionTransformer,
-            variant,
-            pretrained and not from_file,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
-            **kwargs,
-        )
-    except (EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as error:
-        raise RuntimeError(_hub_failure(variant, error)) from None
-    if from_file:
-        load_pretrained(model, cfg.file)
+    # A feature extractor is wrapped once its weights are in: timm loads those itself, through the same filter.
+    features = bool(kwargs.get("features_only"))
+    model = build_model_with_cfg(
+        ReversibleVisionTransformer if reversible else ZooVisionTransformer,
+        variant,
+        pretrained and features,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg={"out_indices": out_indices, "feature_cls": "getter"},
+        **kwargs,
+    )
+    if pretrained and not features:
+        _load_pretrained_weights(model)
     _report_own_input(model)
     return model
+
+
+def _load_pretrained_weights(model: ZooVisionTransformer) -> None:
+    """timm's `load_pretrained` of the weights `model.pretrained_cfg` names (a `file`, else the hub), with every
+    adaptation in `checkpoint_filter_fn`: the cfg handed to timm names no first convolution or classifier for timm
+    to adapt as well (timm 1.0.29 and 1.0.31 adapt them differently). A file is read by `zoo._weights.read_weights`
+    (one-line errors for what is not weights); the hub's failures are one line naming the file route."""
+    cfg = dict(model.pretrained_cfg)
+    in_chans = model.zoo_args.get("in_chans", 3)
+    source = {**cfg, "first_conv": None, "classifier": None, "input_size": (in_chans, *cfg["input_size"][1:])}
+    if source.get("file") and source.get("state_dict") is None:
+        source["state_dict"] = read_weights(Path(source["file"]).expanduser())
+    try:
+        load_pretrained(
+            model, pretrained_cfg=source, num_classes=model.num_classes, in_chans=in_chans,
+            filter_fn=checkpoint_filter_fn,
+        )  # fmt: skip
+    except (EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as error:
+        raise RuntimeError(_hub_failure(model.pretrained_cfg["architecture"], error)) from None
 
 
 def _report_own_input(model: ZooVisionTransformer) -> None:
@@ -309,18 +323,13 @@ def _is_attention_extra(key: str) -> bool:
 
 
 def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: VisionTransformer) -> dict[str, torch.Tensor]:
-    """timm's ViT filter (`pos_embed` resampled to the model's grid, ...), then the variant's own attention
-    parameters, which a timm checkpoint lacks, filled from the model's initialisation (and logged). Weights that
-    do not fit (another width, depth, patch size, ...) are a one-line `WeightsError`."""
-    source = model.pretrained_cfg.get("hf_hub_id") or model.pretrained_cfg.get("architecture")
-    state = _fit_to_model(state_dict, model, source)
-    extras = {k: v for k, v in model.state_dict().items() if k not in state and _is_attention_extra(k)}
-    if extras:
-        _logger.warning(
-            "%d attention parameters not in the checkpoint keep their initialisation: %s",
-            len(extras), sorted({k.split(".attn.")[1] for k in extras}),
-        )  # fmt: skip
-    return {**state, **extras}
+    """timm ViT weights adapted to `model`, whatever its attention variant: timm's ViT filter (other key layouts,
+    `pos_embed` and the patch size resampled), the input channels (3 to any count, any count to 1), a classifier of
+    another size and a variant's own attention parameters (missing from the file, or of another shape) kept at the
+    model's initialisation (and logged). Weights that fit nowhere are a one-line `WeightsError` naming the file."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    source = str(cfg.get("file") or cfg.get("hf_hub_id") or cfg.get("architecture"))
+    return _adapt(state_dict, model, source)[0]
 
 
 @dataclass
@@ -351,42 +360,47 @@ def _fit_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, sour
     return fitted
 
 
-def _adapt_to_model(state: dict[str, torch.Tensor], model: VisionTransformer, source: str) -> tuple[dict, list[str]]:
-    """Resample pos_embed, adapt the input channels, drop a classifier of another size and attention parameters
-    the model's variant does not have (or has in another shape)."""
-    state = _fit_to_model(state, model, source)
-    target = model.state_dict()
+def _adapt_input_channels(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor], source: str) -> None:
+    """timm's rule for a first convolution of other input channels: 3 channels become any number, any number
+    become 1; nothing else is defined."""
     conv = "patch_embed.proj.weight"
     if conv in state and conv in target and state[conv].shape[1] != target[conv].shape[1]:
         channels = state[conv].shape[1], target[conv].shape[1]
-        # timm's rule: 3 channels become any number, any number become 1; nothing else is defined
         if channels[0] != 3 and channels[1] != 1:
             raise WeightsError(
                 f"{source}: input channels (in_chans) {channels[0]} in the file, {channels[1]} in the model: only "
                 "3 channels adapt to another count (and any count to 1)"
             )
         state[conv] = adapt_input_conv(channels[1], state[conv])
+
+
+def _adapt(state: dict[str, torch.Tensor], model: VisionTransformer, source: str) -> tuple[dict, LoadReport]:
+    """`state` fitted to `model` key for key (see `checkpoint_filter_fn`), and what was left out."""
+    state = _fit_to_model(state, model, source)
+    target = model.state_dict()
+    _adapt_input_channels(state, target, source)
     dropped = [
         k for k, v in state.items()
         if (k.startswith("head") or _is_attention_extra(k)) and (k not in target or v.shape != target[k].shape)
     ]  # fmt: skip
     for key in dropped:
         del state[key]
-    return state, dropped
-
-
-def load_state_dict_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
-    """Load `state` (timm ViT keys) into `model`; a key that fits nowhere or stays unfilled is an error, except a
-    variant's own attention parameters and a classifier of another size (both reported)."""
-    state, dropped = _adapt_to_model(state, model, source)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in target if k not in state]
     missing_extra = [k for k in missing if _is_attention_extra(k)]
     bad_missing = [k for k in missing if k not in missing_extra and k not in dropped]
+    unexpected = [k for k in state if k not in target]
     if unexpected or bad_missing:
         raise WeightsError(
             f"{source}: weights do not fit the model: missing {bad_missing[:8]}, unexpected {unexpected[:8]}"
             f"{' (and more)' if len(bad_missing) > 8 or len(unexpected) > 8 else ''}"
         )
+    _log_left_out(source, missing_extra, dropped)
+    # what stays at the model's initialisation is filled from it: the state fits the model exactly
+    kept = {k: target[k] for k in missing}
+    return {**state, **kept}, LoadReport(source, missing_extra, dropped)
+
+
+def _log_left_out(source: str, missing_extra: list[str], dropped: list[str]) -> None:
     if missing_extra:
         _logger.warning(
             "%s: %d attention parameters not in the checkpoint keep their initialisation: %s",
@@ -400,12 +414,21 @@ def load_state_dict_into(model: nn.Module, state: dict[str, torch.Tensor], sourc
             "%s: attention parameters of another variant or shape left out: %s",
             source, sorted({k.split(".attn.")[1] for k in dropped if k not in heads}),
         )  # fmt: skip
-    return LoadReport(source, missing_extra, dropped)
 
 
-def load_pretrained(model: VisionTransformer, path: str | Path) -> LoadReport:
-    """Load timm weights (`.safetensors`, `.pth`, `.bin`, read by `zoo.pretrained.read_weights`) into `model`,
-    whatever its attention variant; weights that do not fit are a one-line `WeightsError` naming the file."""
+def load_state_dict_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> LoadReport:
+    """Load `state` (timm ViT keys) into `model` adapted as `checkpoint_filter_fn` adapts pretrained weights; a
+    key that fits nowhere is a one-line `WeightsError` naming `source`."""
+    state, report = _adapt(state, model, source)
+    model.load_state_dict(state)
+    return report
+
+
+def load_timm_weights(model: VisionTransformer, path: str | Path) -> LoadReport:
+    """Load a timm weights file (`.safetensors`, `.pth`, `.bin`, read by `zoo._weights.read_weights`) into the
+    built `model`, whatever its attention variant, adapted as `checkpoint_filter_fn` adapts pretrained weights;
+    weights that do not fit are a one-line `WeightsError` naming the file. To build a model with a file's weights,
+    pass `pretrained_file=` to `create_model` (timm's `pretrained_cfg_overlay=dict(file=...)`)."""
     path = Path(path).expanduser()
     return load_state_dict_into(model, read_weights(path), str(path))
 
@@ -434,9 +457,13 @@ def create_model(
     Weights: `pretrained_file` (a timm `.safetensors` / `.pth`, offline) or `pretrained=True` (the hub).
     `timm_kwargs` go to timm (`img_size`, `num_classes`, `in_chans`, `dynamic_img_size`, `drop_path_rate`, ...).
     """
+    if pretrained_file is not None:
+        # timm's file route: the weights named in the cfg, adapted by checkpoint_filter_fn
+        overlay = {**(timm_kwargs.pop("pretrained_cfg_overlay", None) or {}), "file": str(pretrained_file)}
+        timm_kwargs["pretrained_cfg_overlay"] = overlay
     model = timm.create_model(
         _variant(name),
-        pretrained=pretrained and pretrained_file is None,
+        pretrained=pretrained or pretrained_file is not None,
         attention=attention,
         attention_options=attention_options,
         global_blocks=global_blocks,
@@ -449,8 +476,6 @@ def create_model(
         stem=stem,
         **timm_kwargs,
     )
-    if pretrained_file is not None:
-        load_pretrained(model, pretrained_file)
     return model
 
 
