@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from zoo.data import list_datasets
+from zoo.model_kinds import ViTOptions
 from zoo.recipe import (
     AttentionConfig,
     DataConfig,
@@ -496,7 +497,10 @@ def test_save_checks_a_changed_recipe(tmp_path):
 def test_task_kind_and_options_defaults():
     recipe = recipe_from_dict({"name": "x"})
     assert recipe.task == "classification" and recipe.model.kind == "vit" and recipe.data.options == {}
-    assert recipe.model.sequence == SequenceConfig()
+    # a ViT's options are its kind's alone: no model.sequence section beside them
+    assert recipe.model.options == ViTOptions() and not hasattr(recipe.model, "sequence")
+    sequence = recipe_from_dict({"name": "x", "model": {"kind": "sequence"}, "data": {"name": "genomes"}})
+    assert sequence.model.sequence == SequenceConfig() and not hasattr(sequence.model, "img_size")
 
 
 def test_dataset_options_keep_only_what_is_set():

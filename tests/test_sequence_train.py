@@ -139,8 +139,15 @@ def test_causal_lm_on_dna(tmp_path):
             "metrics[1]: task 'classification' takes one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', "
             "got 'mse'",
         ),
-        (["model.kind=vit"], "model.sequence: only model.kind 'sequence' takes these options, got model.kind 'vit'"),
-        (["model.stem=conv"], "model.stem: a ViT option, unused by model.kind 'sequence'; leave it out, got 'conv'"),
+        (
+            ["model.kind=vit"],
+            "model.sequence: an option of model.kind 'sequence', unused by model.kind 'vit'; leave it out, got "
+            "{'input': 'kmer', 'pool': 'mean', 'kmer': 6, 'kmer_stride': 6}",
+        ),
+        (
+            ["model.stem=conv"],
+            "model.stem: an option of model.kind 'vit', unused by model.kind 'sequence'; leave it out, got 'conv'",
+        ),
         (["model.sequence.kmer_stride=7"], "model.sequence.kmer_stride: must be <= kmer 6 (no base skipped), got 7"),
         (
             ["model.sequence.patch_len=32"],

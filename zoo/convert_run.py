@@ -89,7 +89,7 @@ def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool
             teacher = load_model(source, img_size=size)
         return teacher, teacher.num_classes == task.num_outputs(sizes)
     softmax = dataclasses.replace(recipe.model.attention, name="softmax", options={})
-    model = dataclasses.replace(recipe.model, attention=softmax, global_blocks=[])
+    model = recipe.model.replace(attention=softmax, global_blocks=[])
     kind = get_model_kind(recipe.model.kind)
     teacher = kind.build(dataclasses.replace(recipe, model=model), sizes, task)
     report = load_state_dict_into(teacher, read_weights(source), str(source))

@@ -118,9 +118,8 @@ def data_context(recipe: Recipe, split: str) -> DataContext:
         seed=data.seed,
         num_samples=samples.get(split),
         root=data.root,
-        img_size=model.img_size,
-        in_chans=model.in_chans,
-        dynamic_img_size=model.dynamic_img_size,
+        # what the model kind tells the builders (a ViT's image size and channels)
+        **get_model_kind(model.kind).data_context(model.options),
     )
 
 

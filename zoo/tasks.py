@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ._registry import Registry
 from ._sizes import plain
-from ._validate import did_you_mean
 from .models.heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
@@ -425,26 +425,21 @@ def _require(task: Task, name: str, value: Any) -> None:
         raise ValueError(f"task {task.name!r} needs {name} (got {value!r})")
 
 
-_TASKS: dict[str, Task] = {}
+_TASKS: Registry[Task] = Registry("task")
 
 
 def register_task(task: Task) -> Task:
     """Register `task` under `task.name`; a duplicate name raises."""
-    if task.name in _TASKS:
-        raise ValueError(f"task {task.name!r} is already registered by {type(_TASKS[task.name]).__qualname__}")
-    _TASKS[task.name] = task
-    return task
+    return _TASKS.register(task.name, task)
 
 
 def list_tasks() -> list[str]:
     """Registered task names, in registration order."""
-    return list(_TASKS)
+    return _TASKS.names()
 
 
 def get_task(name: str) -> Task:
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}{did_you_mean(name, _TASKS)}; known: {', '.join(_TASKS)}")
-    return _TASKS[name]
+    return _TASKS.get(name)
 
 
 for _task in (

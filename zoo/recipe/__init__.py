@@ -14,7 +14,9 @@ path, the bad value and what is allowed::
 
 A recipe trains one ``task`` (``zoo.tasks``: classification by default; forecast, token_classification and
 causal_lm for the 1-D data) with one ``model.kind`` (``zoo.model_kinds``): ``vit`` (timm's VisionTransformer,
-images) or ``sequence`` (the 1-D ``zoo.models.SequenceModel``, configured under ``model.sequence``).
+images) or ``sequence`` (the 1-D ``zoo.models.SequenceModel``, configured under ``model.sequence``). The keys of
+``model`` are those every kind shares (width, depth, heads, attention, dropout) and the kind's own, checked against
+its options dataclass (``zoo.model_kinds.get_model_kind(kind).options``).
 ``data.options`` holds the options of the chosen dataset, checked against that dataset's own options dataclass
 (``zoo.data.get_dataset(name).options``); the keys shared by every dataset (seed, sample counts, batch sizes,
 ``root``) are ``data``'s own::
@@ -45,7 +47,6 @@ from ._config import (
     OptimConfig,
     Recipe,
     ScheduleConfig,
-    SequenceConfig,
     TrainConfig,
 )
 from ._files import Dumper, apply_override, layers, merge, source_of
@@ -108,8 +109,20 @@ def recipe_from_dict(data: Mapping, *, source: str = "<dict>") -> Recipe:
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:
-    """The recipe as plain dicts, lists and scalars."""
-    return dataclasses.asdict(recipe)
+    """The recipe as plain dicts, lists and scalars, as a recipe file writes it (the model kind's options flat in
+    ``model``)."""
+    data = dataclasses.asdict(recipe)
+    data["model"].update(data["model"].pop("options"))
+    return data
+
+
+def __getattr__(name: str):
+    # the 1-D model's section lives with its model kind, which imports this package
+    if name == "SequenceConfig":
+        from ..model_kinds import SequenceConfig
+
+        return SequenceConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def save_recipe(recipe: Recipe, path: str | Path) -> Path:

@@ -1,14 +1,14 @@
 """The recipe's sections as dataclasses: the schema that ``zoo.recipe`` checks a YAML tree against.
 
-Names that registries own are checked against them: ``model.attention`` (``zoo.attention``), ``model.kind``
-(``zoo.model_kinds``), ``data.name`` and ``data.options`` (``zoo.data``: each dataset's options dataclass),
-``task`` and ``metrics`` (``zoo.tasks``). Nothing here names a dataset or a task.
+Names that registries own are checked against them: ``model.attention`` (``zoo.attention``), ``model.kind`` and
+the kind's own ``model`` keys (``zoo.model_kinds``: each kind's options dataclass), ``data.name`` and
+``data.options`` (``zoo.data``: each dataset's options dataclass), ``task`` and ``metrics`` (``zoo.tasks``).
+Nothing here names a dataset, a task or a model kind.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,8 +20,6 @@ from ..attention import attention_options, get_attention, list_attentions
 from ..data import get_dataset, list_datasets
 from ..data._registry import DEFAULT_NUM_SAMPLES
 from ..metrics import METRICS
-from ..model_kinds import get_model_kind, list_model_kinds, model_kind_for
-from ..models.sequence import INPUTS, POSITIONS
 from ..tasks import get_task, list_tasks
 from ._schema import RecipeError, bounded, check, show, unit_interval, unknown_key
 
@@ -33,7 +31,6 @@ __all__ = [
     "PretrainConfig",
     "Recipe",
     "ScheduleConfig",
-    "SequenceConfig",
     "TrainConfig",
 ]
 
@@ -68,145 +65,79 @@ class AttentionConfig:
         return []
 
 
-@dataclass
-class SequenceConfig:
-    """The 1-D model's own options (``model.kind: sequence``); see ``zoo.models.create_sequence_model``, whose
-    defaults these are. Width, depth, heads, MLP ratio, dropout and attention are the shared ``model`` keys."""
+def _kind_options(kind: str) -> type:
+    from ..model_kinds import get_model_kind
 
-    # dna: one token per nucleotide; kmer: k-mers embedded from nucleotides; series: PatchTST patches; tokens:
-    # integer ids of the dataset's own vocabulary (its vocab_size)
-    input: Literal[INPUTS] = "dna"
-    # null: rotary for causal_lm, learned otherwise
-    positions: Literal[POSITIONS] | None = None
-    # classification only: how the tokens become one vector
-    pool: Literal["cls", "mean", "attention"] = "cls"
-    # entries of the learned position table; null: the training split's length in tokens
-    max_len: int | None = bounded(None, min=1)
-    kmer: int = bounded(3, min=1, max=8)
-    # null: non-overlapping k-mers (stride kmer), the only kind per-position labels allow
-    kmer_stride: int | None = bounded(None, min=1)
-    patch_len: int = bounded(16, min=1)
-    patch_stride: int = bounded(8, min=1)
-    channel_independent: bool = True
-    revin: bool = True
-    forecast_loss: Literal["mse", "mae"] = "mse"
-    tie_embeddings: bool = True
-    # taps of a causal depthwise convolution before every attention (0: none); Zoology's and Based's recall models
-    # use 3, so that binding a token to its neighbour is not the attention's job
-    short_conv: int = bounded(0, min=0, max=64)
+    return get_model_kind(kind).options
 
 
-# SequenceConfig keys that only some inputs use (and, from zoo.tasks, those that only some tasks use: a task's
-# model_options): elsewhere they must keep their defaults, so that no setting is silently ignored.
-_INPUT_KEYS = {
-    "kmer": ("kmer",),
-    "kmer_stride": ("kmer",),
-    "patch_len": ("series",),
-    "patch_stride": ("series",),
-    "channel_independent": ("series",),
-    "revin": ("series",),
-}
+def _every_kind_options() -> dict[str, type]:
+    from ..model_kinds import get_model_kind, list_model_kinds
 
-# ModelConfig keys that only timm's VisionTransformer uses: a sequence model must leave them at their defaults.
-_VIT_ONLY = (
-    "name",
-    "img_size",
-    "patch_size",
-    "in_chans",
-    "stem",
-    "block",
-    "block_options",
-    "reversible",
-    "ff_chunks",
-    "dynamic_img_size",
-    "pretrained",
-    "pretrained_file",
-    "timm_kwargs",
-    "global_blocks",
-    "global_attention",
-)
+    return {name: get_model_kind(name).options for name in list_model_kinds()}
+
+
+def _model_kinds() -> list[str]:
+    from ..model_kinds import list_model_kinds
+
+    return list_model_kinds()
 
 
 @dataclass
 class ModelConfig:
+    """The keys every model kind shares; the kind's own options (``zoo.model_kinds``: ``ViTOptions``,
+    ``SequenceOptions``, ...) sit beside them in the recipe's ``model`` section and are read as ``model.<key>``
+    too. A key of another kind is taken only at that kind's default (a resolved recipe lists every key)."""
+
     # vit: timm's VisionTransformer (images); sequence: zoo's 1-D SequenceModel (DNA, time series, tokens)
-    kind: str = field(default="vit", metadata={"choices": list_model_kinds})
-    # any timm VisionTransformer architecture name; None sizes below keep the architecture's own values
-    # (for a sequence model: create_sequence_model's, dim 128, depth 4, 4 heads, MLP ratio 4)
-    name: str = "vit_small_patch16_224"
-    img_size: int = bounded(224, min=8)
-    patch_size: int | None = bounded(None, min=1)
+    kind: str = field(default="vit", metadata={"choices": _model_kinds})
+    # None sizes keep the model's own values (the ViT architecture's; create_sequence_model's dim 128, depth 4,
+    # 4 heads, MLP ratio 4)
     embed_dim: int | None = bounded(None, min=1)
     depth: int | None = bounded(None, min=1)
     num_heads: int | None = bounded(None, min=1)
     mlp_ratio: float | None = bounded(None, min=0, min_exclusive=True)
-    # None: taken from the dataset
-    in_chans: int | None = bounded(None, min=1)
-    # patch: timm's patchify convolution; conv: a convolutional stem of the same stride (zoo.models.stems)
-    stem: Literal["patch", "conv"] = "patch"
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    # timm: timm's pre-norm blocks (attention + MLP); gau: FLASH blocks of two gated attention units, which bring
-    # their own attention (attention.name must be gau) - see docs/gau.md
-    block: Literal["timm", "gau"] = "timm"
-    # gau blocks only: z_dim (shared query/key width, default 128) and expansion (value width / embed_dim, 2)
-    block_options: dict[str, Any] = field(default_factory=dict)
-    # RevNet couplings (Reformer): blocks recomputed in backward, activation memory independent of depth
-    reversible: bool = False
-    # the MLP runs over this many checkpointed chunks of the sequence (0 or 1: off); timm blocks only
-    ff_chunks: int = bounded(0, min=0)
-    # per-block layouts: these blocks (0-based, < depth) use global_attention instead (ViTDet: [2, 5, 8, 11])
-    global_blocks: list[int] = field(default_factory=list, metadata={"min": 0, "unique": True})
-    global_attention: AttentionConfig = field(default_factory=AttentionConfig)
     drop_rate: float = unit_interval(0.0)
     drop_path_rate: float = unit_interval(0.0)
     attn_drop_rate: float = unit_interval(0.0)
-    dynamic_img_size: bool = False
     grad_checkpointing: bool = False
-    pretrained: bool = False
-    pretrained_file: str | None = None
-    # extra keyword arguments for timm's VisionTransformer
-    timm_kwargs: dict[str, Any] = field(default_factory=dict)
-    sequence: SequenceConfig = field(default_factory=SequenceConfig)
+    # the kind's options dataclass, its keys flat in the `model` section
+    options: Any = field(
+        default_factory=lambda: _kind_options("vit")(),
+        metadata={"options_of": ("kind", _kind_options, _every_kind_options)},
+    )
+
+    def __getattr__(self, name: str) -> Any:
+        # called only for a name that is not a shared key: the kind's own option (model.img_size, model.sequence)
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        options = self.options
+        if not hasattr(options, name):
+            raise AttributeError(f"model.kind {self.kind!r} has no option {name!r}")
+        return getattr(options, name)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with `changes` to shared keys or the kind's options; a key neither has raises ValueError."""
+        shared = {f.name for f in dataclasses.fields(self)} - {"options"}
+        own = {f.name for f in dataclasses.fields(self.options)}
+        unknown = [key for key in changes if key not in shared | own]
+        if unknown:
+            raise ValueError(f"model.kind {self.kind!r} has no option {unknown[0]!r}; it has {', '.join(sorted(own))}")
+        options = dataclasses.replace(self.options, **{k: v for k, v in changes.items() if k in own})
+        return dataclasses.replace(self, options=options, **{k: v for k, v in changes.items() if k in shared})
+
+    def without_pretrained(self) -> ModelConfig:
+        """A copy whose kind fetches no pretrained weights (a checkpoint holds every weight)."""
+        from ..model_kinds import get_model_kind
+
+        return dataclasses.replace(self, options=get_model_kind(self.kind).without_pretrained(self.options))
 
     def problems(self) -> list[tuple[str, str]]:
         problems = []
-        defaults = ModelConfig()
-        if self.kind == "sequence":
-            problems += [
-                (name, f"a ViT option, unused by model.kind 'sequence'; leave it out, got {show(getattr(self, name))}")
-                for name in _VIT_ONLY
-                if getattr(self, name) != getattr(defaults, name)
-            ]
-        elif self.sequence != defaults.sequence:
-            problems.append(("sequence", "only model.kind 'sequence' takes these options, got model.kind 'vit'"))
-        seq = self.sequence
-        if seq.kmer_stride is not None and seq.kmer_stride > seq.kmer:
-            problem = f"must be <= kmer {seq.kmer} (no base skipped), got {seq.kmer_stride}"
-            problems.append(("sequence.kmer_stride", problem))
         if self.embed_dim is not None and self.num_heads is not None and self.embed_dim % self.num_heads:
             problems.append(("num_heads", f"must divide embed_dim {self.embed_dim}, got {self.num_heads}"))
-        if self.block == "gau" and self.attention.name != "gau":
-            problems.append(("attention.name", f"must be 'gau' when block is 'gau', got {self.attention.name!r}"))
-        if self.block == "gau" and self.ff_chunks > 1:
-            problems.append(("ff_chunks", f"chunks the MLP of timm blocks; block 'gau' has none, got {self.ff_chunks}"))
-        if self.block == "timm" and self.block_options:
-            problems.append(("block_options", f"only block 'gau' takes options, got {self.block_options}"))
-        return problems + self._patch_problems()
-
-    def _patch_problems(self) -> list[tuple[str, str]]:
-        """A fixed image size must be a whole number of patches (timm refuses the first batch otherwise)."""
-        found = re.search(r"patch(\d+)", self.name)
-        patch = self.patch_size or (int(found.group(1)) if found else None)
-        padded = self.dynamic_img_size or self.timm_kwargs.get("dynamic_img_pad")
-        if self.kind != "vit" or patch is None or padded or self.img_size % patch == 0:
-            return []
-        where = "model.patch_size" if self.patch_size else f"from model.name {self.name!r}"
-        near = sorted({max(patch, self.img_size // patch * patch), -(-self.img_size // patch) * patch})
-        problem = (
-            f"must be a multiple of the patch size {patch} ({where}), got {self.img_size}: use "
-            f"{' or '.join(map(str, near))}, or set model.dynamic_img_size: true"
-        )
-        return [("img_size", problem)]
+        return problems + self.options.problems_in(self)
 
 
 @dataclass
@@ -355,10 +286,12 @@ class Recipe:
     def _pretrain_problems(self) -> list[tuple[str, str]]:
         """Self-pretraining predicts tokens: token inputs, a task that is not token prediction already, and an
         attention with a causal mode for the causal objective."""
+        from ..model_kinds import get_model_kind
+
         pretrain, model = self.train.pretrain, self.model
         if pretrain is None:
             return []
-        source = model.sequence.input if model.kind == "sequence" else f"model.kind {model.kind!r}"
+        source = get_model_kind(model.kind).input_of(model.options) or f"model.kind {model.kind!r}"
         if source not in ("tokens", "dna"):
             problem = "predicts tokens: needs model.sequence.input 'tokens' or 'dna'"
             return [("train.pretrain", f"{problem}, got {source!r}")]
@@ -374,35 +307,15 @@ class Recipe:
         return []
 
     def _model_problems(self) -> list[tuple[str, str]]:
-        domain, kind = get_dataset(self.data.name).kind, self.model.kind
-        wanted = model_kind_for(domain)
-        if kind != wanted.name:
-            problem = f"data.name {self.data.name!r} holds {domain} data: needs {wanted.name!r}, got {kind!r}"
-            return [("model.kind", problem)]
-        inputs = get_model_kind(kind).data_kinds[domain]
-        if not inputs:
-            return []
-        source, task = self.model.sequence.input, get_task(self.task)
-        if source not in inputs:
-            problem = f"data.name {self.data.name!r} holds {domain} data: takes {_names(inputs)}, got {source!r}"
-            return [("model.sequence.input", problem)]
-        if source not in task.inputs:
-            return [("model.sequence.input", f"task {self.task!r} takes {_names(task.inputs)}, got {source!r}")]
-        return self._unused_sequence_keys()
+        """The model kind reads the dataset's kind of data; then the kind's own checks against data and task."""
+        from ..model_kinds import get_model_kind, kinds_reading
 
-    def _unused_sequence_keys(self) -> list[tuple[str, str]]:
-        seq, defaults, problems = self.model.sequence, SequenceConfig(), []
-        for name in (f.name for f in dataclasses.fields(SequenceConfig)):
-            if name in _INPUT_KEYS:
-                by, current, users = "input", seq.input, _INPUT_KEYS[name]
-            else:
-                by, current = "task", self.task
-                users = tuple(task for task in list_tasks() if name in get_task(task).model_options)
-            value, default = getattr(seq, name), getattr(defaults, name)
-            if users and value != default and current not in users:
-                problem = f"only {by} {_names(users)} uses it ({by} is {current!r}); leave it at {show(default)}"
-                problems.append((f"model.sequence.{name}", f"{problem}, got {show(value)}"))
-        return problems
+        domain, kind = get_dataset(self.data.name).kind, get_model_kind(self.model.kind)
+        if domain not in kind.data_kinds:
+            readers = _names(kinds_reading(domain))
+            problem = f"data.name {self.data.name!r} holds {domain} data: needs {readers}, got {kind.name!r}"
+            return [("model.kind", problem)]
+        return kind.recipe_problems(self)
 
 
 def _names(values: Sequence[str]) -> str:

@@ -3,8 +3,9 @@
 Read annotations: scalars (`int`, `float`, `str`, `bool`), `Optional[X]`, `Literal[...]`, `list[X]`,
 `dict[str, X]`, `Any` (plain YAML data) and nested dataclasses. Field metadata adds `min` / `max` (with
 `min_exclusive` / `max_exclusive`), `length` and `unique` for lists, `choices` (a tuple, or a function returning
-one, for a name checked against a registry) and `schema_of` for a mapping checked against the dataclass that a
-sibling field picks (`data.options` by `data.name`). A dataclass may define `problems()` returning
+one, for a name checked against a registry), `schema_of` for a mapping checked against the dataclass that a
+sibling field picks (`data.options` by `data.name`) and `options_of` for that dataclass's keys written flat beside
+the section's own (a model kind's options by `model.kind`). A dataclass may define `problems()` returning
 `(field, message)` pairs for checks across its fields. Every problem is one `RecipeError` naming the key path.
 """
 
@@ -65,13 +66,17 @@ def build(cls: type, value: Any, key: str) -> Any:
         value = {}
     if not isinstance(value, Mapping):
         raise RecipeError(f"expected a mapping, got {show(value)}", key=key or None)
-    names = [f.name for f in dataclasses.fields(cls)]
+    flat = next((f for f in dataclasses.fields(cls) if "options_of" in f.metadata), None)
+    names = [f.name for f in dataclasses.fields(cls) if f is not flat]
     for name in value:
-        if name not in names:
+        if name not in names and flat is None:
             raise RecipeError(unknown_key(name, names), key=join(key, name))
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if "schema_of" in f.metadata:
+        if f is flat:
+            picker = f.metadata["options_of"][0]
+            kwargs[f.name] = _flat_options(f, value, names, kwargs.get(picker, getattr(cls, picker)), key)
+        elif "schema_of" in f.metadata:
             # checked even when left out: the schema may require keys
             picker, schema_for = f.metadata["schema_of"]
             schema = schema_for(kwargs.get(picker, getattr(cls, picker)))
@@ -84,6 +89,36 @@ def build(cls: type, value: Any, key: str) -> Any:
     for name, problem in getattr(obj, "problems", list)():
         raise RecipeError(problem, key=join(key, name))
     return obj
+
+
+def _flat_options(f: dataclasses.Field, value: Mapping, names: list[str], picked: Any, key: str) -> Any:
+    """The options dataclass that the sibling field picks (``model.kind``), built from the keys of ``value`` that
+    are not the section's own (``names``). A key of another choice's dataclass is taken only at its default there
+    (a resolved recipe lists every key); any other key is unknown."""
+    picker, schema_for, every_schema = f.metadata["options_of"]
+    schema = schema_for(picked)
+    allowed = [g.name for g in dataclasses.fields(schema)]
+    elsewhere = {
+        g.name: (owner, other)
+        for owner, other in every_schema().items()
+        if owner != picked
+        for g in dataclasses.fields(other)
+    }
+    own = {}
+    for name, item in value.items():
+        if name in names:
+            continue
+        if name in allowed:
+            own[name] = item
+        elif name in elsewhere:
+            owner, other = elsewhere[name]
+            if getattr(build(other, {name: item}, key), name) != getattr(other(), name):
+                by = join(key, picker)
+                problem = f"an option of {by} {owner!r}, unused by {by} {picked!r}; leave it out"
+                raise RecipeError(f"{problem}, got {show(item)}", key=join(key, name))
+        else:
+            raise RecipeError(unknown_key(name, names + allowed), key=join(key, name))
+    return build(schema, own, key)
 
 
 def _check_options(schema: type, value: Any, key: str) -> dict[str, Any]:
