@@ -433,22 +433,13 @@ def create_sequence_model(
     nucleotide, `tie_embeddings` shares the output embedding with the input one). `tokens` are ids below
     `vocab_size` of a dataset's own vocabulary (padding comes from the mask).
     `short_conv=k` (0: none) puts a causal depthwise convolution of k taps before every attention (Zoology's and
-    Based's recall models use 3). `positions` defaults to rotary for causal tasks and learned otherwise; the learned table has `max_len` entries
-    (default: the token count of `seq_len`, else 1024). Series are `[b, l, c]`, normalised with RevIN when
-    `revin` (forecasts are returned in the input's units), patched with `patch_len` / `patch_stride`.
+    Based's recall models use 3). `positions` defaults to rotary for causal tasks and learned otherwise; the
+    learned table has `max_len` entries (default: the token count of `seq_len`, else 1024). Series are
+    `[b, l, c]`, normalised with RevIN when `revin` (forecasts are returned in the input's units), patched with
+    `patch_len` / `patch_stride`.
     """
     spec = get_task(task).configured(forecast_loss=forecast_loss)
-    _choice("input", input, INPUTS)
-    _choice("forecast_loss", forecast_loss, ("mse", "mae"))
-    if input not in spec.inputs:
-        raise ValueError(f"task {task!r} does not take input {input!r}; it takes {', '.join(spec.inputs)}")
-    if spec.per_position and input == "kmer" and kmer_stride not in (None, kmer):
-        raise ValueError(
-            f"per-position labels on k-mers need non-overlapping k-mers: kmer_stride={kmer_stride} != k={kmer}"
-        )
-    if target_channels is not None and not all(0 <= c < num_channels for c in target_channels):
-        raise ValueError(f"target_channels {list(target_channels)} must be channel indices below {num_channels}")
-    positions = positions or ("rotary" if spec.causal else "learned")
+    _check_choices(spec, input, forecast_loss, kmer, kmer_stride, target_channels, num_channels)
     embed = _embedding(
         input,
         dim,
@@ -470,7 +461,7 @@ def create_sequence_model(
         attention=attention,
         attention_options=attention_options,
         mlp_ratio=mlp_ratio,
-        positions=positions,
+        positions=positions or ("rotary" if spec.causal else "learned"),
         max_len=max_len or tokens or 1024,
         pool=pool if spec.pooled else None,
         causal=spec.causal,
@@ -481,14 +472,13 @@ def create_sequence_model(
         short_conv=short_conv,
     )
     backbone.set_grad_checkpointing(grad_checkpointing)
-    folded = num_channels if input == "series" and channel_independent else 1
     head = spec.build_head(
         HeadSpec(
             dim,
             drop=drop_rate,
             num_classes=num_classes,
             vocab_size=vocab_size,
-            folded_channels=folded,
+            folded_channels=num_channels if input == "series" and channel_independent else 1,
             num_channels=num_channels,
             channel_independent=channel_independent,
             seq_len=seq_len,
@@ -498,12 +488,27 @@ def create_sequence_model(
             tied_weight=getattr(embed, "weight", None) if tie_embeddings else None,
         )
     )
-    return SequenceModel(
-        spec,
-        input,
-        embed,
-        backbone,
-        head,
-        revin=RevIN(num_channels) if input == "series" and revin else None,
-        target_channels=target_channels,
-    )
+    revin_layer = RevIN(num_channels) if input == "series" and revin else None
+    return SequenceModel(spec, input, embed, backbone, head, revin=revin_layer, target_channels=target_channels)
+
+
+def _check_choices(
+    spec: Task,
+    input: str,
+    forecast_loss: str,
+    kmer: int,
+    kmer_stride: int | None,
+    target_channels: Sequence[int] | None,
+    num_channels: int,
+) -> None:
+    """The input, loss and channel choices of `create_sequence_model`, each against what the task allows."""
+    _choice("input", input, INPUTS)
+    _choice("forecast_loss", forecast_loss, ("mse", "mae"))
+    if input not in spec.inputs:
+        raise ValueError(f"task {spec.name!r} does not take input {input!r}; it takes {', '.join(spec.inputs)}")
+    if spec.per_position and input == "kmer" and kmer_stride not in (None, kmer):
+        raise ValueError(
+            f"per-position labels on k-mers need non-overlapping k-mers: kmer_stride={kmer_stride} != k={kmer}"
+        )
+    if target_channels is not None and not all(0 <= c < num_channels for c in target_channels):
+        raise ValueError(f"target_channels {list(target_channels)} must be channel indices below {num_channels}")
