@@ -204,7 +204,7 @@ def check_fast_path_equals_reference(name: str, causal: bool, masked: bool) -> N
     (out, grads), (expected, expected_grads) = results
     torch.testing.assert_close(out, expected)
     names = ["input", *(param_name for param_name, _ in fast.named_parameters())]
-    for param_name, got, want in zip(names, grads, expected_grads):
+    for param_name, got, want in zip(names, grads, expected_grads, strict=True):
         torch.testing.assert_close(got, want, msg=lambda message, param=param_name: f"gradient of {param}: {message}")
 
 

@@ -160,7 +160,7 @@ def test_create_model_with_each_option_runs_forward_and_backward(options):
     assert logits.shape == (2, 10)
     logits.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
-    assert model.zoo_blocks["reversible"] == options.get("reversible", False)
+    assert model.zoo_args["reversible"] == options.get("reversible", False)
 
 
 def test_reversible_vit_keeps_timm_api_and_weight_names():

@@ -36,7 +36,7 @@ def test_swap_copies_every_timm_weight_at_the_target_resolution():
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
     assert all(isinstance(block.attn, HedgehogAttention) for block in student.blocks)
-    assert student.zoo_attention == {"name": "hedgehog", "options": {"feature_dim": 32}}
+    assert (student.zoo_args["attention"], student.zoo_args["attention_options"]) == ("hedgehog", {"feature_dim": 32})
     assert tuple(student.patch_embed.img_size) == (64, 64)
     expected_pos = resample_abs_pos_embed(teacher.pos_embed, new_size=(8, 8), old_size=(4, 4), num_prefix_tokens=1)
     torch.testing.assert_close(student.pos_embed, expected_pos)
@@ -98,7 +98,7 @@ def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window)
     report = transfer_attention(teacher, student, batches, steps=80, lr=1e-2)
     after = attention_mse(teacher, student, batches)
     # measured: about 0.55x per block (window 0) and 0.45x (window 8) after 80 steps
-    assert all(a < 0.7 * b for a, b in zip(after, before)), (before, after)
+    assert all(a < 0.7 * b for a, b in zip(after, before, strict=True)), (before, after)
     assert not report.skipped and report.steps == 80 and len(report.losses) == 80
     assert report.losses[-1] < report.losses[0]
     own = set(attention_parameters(student))

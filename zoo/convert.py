@@ -191,7 +191,12 @@ def swap_attention(
         options.setdefault("num_prefix_tokens", student.num_prefix_tokens)
     for (_, attn), block in zip(attention_modules(student), student.blocks, strict=True):
         block.attn = _swapped(attn, attention, options)
-    student.zoo_attention = {"name": attention, "options": options}
+    if isinstance(getattr(student, "zoo_args", None), dict):
+        # the construction record (save_pretrained rebuilds from it): every block now holds `attention`
+        student.zoo_args = {
+            **student.zoo_args, "attention": attention, "attention_options": options, "global_blocks": [],
+            "global_attention": "softmax", "global_attention_options": {},
+        }  # fmt: skip
     return student
 
 
@@ -315,7 +320,7 @@ def transfer_attention(
     _check_positive("lr", lr)
     own = attention_parameters(student)
     if not own:
-        name = getattr(student, "zoo_attention", {}).get("name", "this attention")
+        name = getattr(student, "zoo_args", {}).get("attention", "this attention")
         _logger.info("%s has no parameters of its own: stage 1 (attention transfer) skipped", name)
         return TransferReport(skipped=True)
     teacher = _at_resolution(teacher, _image_size(student))

@@ -53,8 +53,8 @@ _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
 
 def model_args(model: nn.Module) -> dict[str, Any]:
     """The keyword arguments that rebuild `model` as it is now with `timm.create_model(architecture, **args)`: its
-    construction record (`zoo_args`, set in `ZooVisionTransformer.__init__`) updated with what changed since
-    (`reset_classifier`, `set_input_size`, `zoo.convert`'s attention swap); drop rates left out."""
+    construction record (`zoo_args`, set in `ZooVisionTransformer.__init__`, updated by `zoo.convert`'s attention
+    swap) with what timm changes since (`reset_classifier`, `set_input_size`); drop rates left out."""
     recorded = getattr(model, "zoo_args", None)
     if not isinstance(recorded, dict):
         raise TypeError(
@@ -62,7 +62,7 @@ def model_args(model: nn.Module) -> dict[str, Any]:
             "built by zoo.create_model or timm.create_model('zoo_...')"
         )
     args = {k: v for k, v in recorded.items() if not k.endswith("drop_rate")}
-    args.update(_attention_args(model))
+    _check_attention(model, args)
     args.update(
         img_size=list(model.patch_embed.img_size),
         patch_size=list(model.patch_embed.patch_size),
@@ -81,26 +81,17 @@ def model_args(model: nn.Module) -> dict[str, Any]:
     return json.loads(json.dumps(args))
 
 
-def _attention_args(model: nn.Module) -> dict[str, Any]:
-    """Attention arguments from `zoo_attention`, the record `zoo.convert` updates, checked against the blocks."""
-    record = model.zoo_attention
-    layout = list(record.get("global_blocks", []))
-    global_attention = record.get("global_attention", {"name": "softmax", "options": {}})
+def _check_attention(model: nn.Module, args: Mapping[str, Any]) -> None:
+    """Every block's attention is the one the construction record (`zoo_args`, which `zoo.convert` updates) names."""
+    layout = list(args.get("global_blocks", []))
     for index, block in enumerate(model.blocks):
         used = getattr(getattr(block, "attn", None), "attention_name", None)
-        wanted = global_attention["name"] if index in layout else record["name"]
+        wanted = args.get("global_attention", "softmax") if index in layout else args["attention"]
         if used is not None and used != wanted:
             raise ValueError(
-                f"block {index} uses attention {used!r} but the model's record (zoo_attention) says {wanted!r}: "
-                "after swapping attention modules by hand, set model.zoo_attention to match"
+                f"block {index} uses attention {used!r} but the model's record (zoo_args) says {wanted!r}: "
+                "after swapping attention modules by hand, update model.zoo_args to match"
             )
-    return {
-        "attention": record["name"],
-        "attention_options": dict(record.get("options", {})),
-        "global_blocks": layout,
-        "global_attention": global_attention["name"],
-        "global_attention_options": dict(global_attention.get("options", {})),
-    }
 
 
 def _data_config(model: nn.Module, args: dict[str, Any], data_config: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -66,8 +66,8 @@ class ZooVisionTransformer(VisionTransformer):
     `block`: `timm` or `gau` (FLASH blocks, with `attention='gau'`; `block_options` may set `z_dim` and
     `expansion`); `ff_chunks`: the MLP runs over that many checkpointed chunks of the sequence (see
     `zoo.models.blocks`); `stem`: `patch` (timm's patchify convolution) or `conv` (`zoo.models.stems`).
-    Parameter names are timm's whatever the attention, so timm checkpoints load. `zoo_attention` and `zoo_blocks`
-    record the choices; `zoo_args` every construction argument (`zoo.pretrained.model_args` rebuilds from it).
+    Parameter names are timm's whatever the attention, so timm checkpoints load. `zoo_args` records every
+    construction argument, the attention and block choices included (`zoo.pretrained.model_args` rebuilds from it).
 
     Variants that attend on the patch grid (`needs_grid`) get `grid_size` from the patch embedding and
     `num_prefix_tokens` from the model. With `dynamic_img_size=True` a forward pre-hook on `patch_embed` (where
@@ -118,16 +118,8 @@ class ZooVisionTransformer(VisionTransformer):
             **kwargs,
         )  # fmt: skip
         assert tuple(self.patch_embed.grid_size) == grid and self.num_prefix_tokens == prefix, "grid mismatch"
-        self.zoo_attention = {
-            "name": attention,
-            "options": dict(attention_options or {}),
-            "global_blocks": layout,
-            "global_attention": {"name": global_attention, "options": dict(global_attention_options or {})},
-        }
-        self.zoo_blocks = {
-            "block": block, "options": dict(block_options or {}), "reversible": self.reversible, "ff_chunks": ff_chunks
-        }  # fmt: skip
-        # The keyword arguments of create_model(architecture, ...) that rebuild this model (save_pretrained).
+        # The one record of the construction: the keyword arguments of create_model(architecture, ...) that rebuild
+        # this model (save_pretrained; zoo.convert.swap_attention updates its attention entries).
         self.zoo_args = {
             "attention": attention, "attention_options": dict(attention_options or {}), "global_blocks": layout,
             "global_attention": global_attention, "global_attention_options": dict(global_attention_options or {}),
