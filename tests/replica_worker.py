@@ -70,8 +70,9 @@ def shrink(path: Path, strategy: str = "ddp") -> Recipe:
     """Recipe `path` at CPU size, under `strategy`."""
     recipe = load_recipe(path)
     extra = list(DATA.get(recipe.data.name, []))
-    if recipe.model.global_blocks:
-        extra.append("model.global_blocks=[1]")  # one global block of the two
+    # one global block of the two (a ViT's option: other model kinds have none)
+    if getattr(recipe.model, "global_blocks", None):
+        extra.append("model.global_blocks=[1]")
     return load_recipe(path, [*COMMON, *extra, f"train.distributed={strategy}"])
 
 

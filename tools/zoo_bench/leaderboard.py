@@ -274,6 +274,28 @@ def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> l
     return saved["records"]
 
 
+def _kept(
+    records: list[dict[str, Any]], options: dict[str, dict[str, Any]], retry_failed: bool, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The saved records that stand: not those of a variant whose options changed, nor (`retry_failed`) failures."""
+    stale = {r["variant"] for r in records if r["options"] != options.get(r["variant"], {})}
+    if stale:
+        log(f"run again with other options: {', '.join(sorted(stale))}")
+    records = [r for r in records if r["variant"] not in stale]
+    if retry_failed:
+        records = [r for r in records if r["status"] == "ok"]
+    return records
+
+
+def _skipped(records: list[dict[str, Any]], variant: str, seed: int, options: dict[str, Any]) -> dict | None:
+    """The record of a run not started because an earlier seed of the variant failed; None: run it."""
+    failed = [r for r in records if r["variant"] == variant and r["seed"] < seed and r["status"] in FAILED]
+    if not failed:
+        return None
+    reason = f"seed {failed[0]['seed']} failed ({failed[0]['status']}): {failed[0]['message']}"
+    return {"variant": variant, "seed": seed, "options": options, "status": "skipped", "message": reason}
+
+
 def run_leaderboard(
     recipe_path: Path | str,
     out_dir: Path | str,
@@ -322,13 +344,7 @@ def run_leaderboard(
     out_dir = Path(out_dir)
     path = out_dir / f"leaderboard_{recipe['name']}.json"
     runs_dir = Path(runs_dir) if runs_dir else Path("runs") / "leaderboard" / recipe["name"]
-    records = _earlier(path, proto, log)
-    stale = {r["variant"] for r in records if r["options"] != options.get(r["variant"], {})}
-    if stale:
-        log(f"run again with other options: {', '.join(sorted(stale))}")
-    records = [r for r in records if r["variant"] not in stale]
-    if retry_failed:
-        records = [r for r in records if r["status"] == "ok"]
+    records = _kept(_earlier(path, proto, log), options, retry_failed, log)
     done = {(r["variant"], r["seed"]) for r in records}
     results: dict[str, Any] = {"protocol": proto, "records": records}
     results["protocol"].update(
@@ -343,12 +359,8 @@ def run_leaderboard(
         for variant in variants:
             if (variant, seed) in done:
                 continue
-            failed = [r for r in records if r["variant"] == variant and r["seed"] < seed and r["status"] in FAILED]
-            if failed:
-                reason = f"seed {failed[0]['seed']} failed ({failed[0]['status']}): {failed[0]['message']}"
-                record = {"variant": variant, "seed": seed, "options": options.get(variant, {}), "status": "skipped"}
-                record["message"] = reason
-            else:
+            record = _skipped(records, variant, seed, options.get(variant, {}))
+            if record is None:
                 run_dir = runs_dir / f"{variant}_seed{seed}"
                 run = (recipe_path, recipe, variant, seed, budget_steps, run_dir)
                 record = train_and_test(*run, options=options.get(variant, {}), timeout=timeout, extra=extra)
