@@ -126,20 +126,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         fitted = summary.get(name, {}).get("slope")
         return "" if fitted is None else f"{fitted:.2f}"
 
-    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
     lines = [
-        f"# Attention benchmark: {meta['device_name']}",
-        "",
-        f"{meta['date']}; {versions}.",
-        (
-            f"Batch {settings['batch']}, dim {settings['dim']}, {settings['heads']} heads x {meta['head_dim']}, "
-            f"{settings['dtype']}, {'causal' if settings['causal'] else 'non-causal'}, threads: {settings['threads']}; "
-            f"the whole module (qkv and proj included); median of {settings['repeats']} runs after "
-            f"{settings['warmup']} warm-up; each configuration in "
-            f"{'a fresh process' if meta['isolated'] else 'the sweep process'}. Command: `{meta['command']}`"
-        ),
-        *[f"Merged with the earlier records of `{command}`." for command in meta.get("merged_from", [])],
-        "",
+        *_header(meta),
         "## Forward + backward time (s)",
         "",
         (
@@ -170,23 +158,55 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     if "softmax" in names:
         lines += ["## Speedup against softmax (softmax's forward + backward time / the variant's)", ""]
         lines += _table(names, lengths, ratio("softmax", ""))
-        lines += ["## Crossover against softmax (forward + backward)", ""]
-        if meta["device"] == "cuda" and settings["dtype"] in ("bf16", "fp16"):
-            lines += ["softmax runs through SDPA, which takes its flash kernel at this dtype.", ""]
-        lines += ["| variant | crossover N |", "|---|---|"]
-        lines += [f"| `{n}` | {summary[n]['crossover']['text']} |" for n in names if "crossover" in summary.get(n, {})]
-        lines += [""]
+        lines += _crossovers(names, meta, summary)
     lines += ["## Time relative to projections (forward + backward time / that of the projections alone)", ""]
     lines += _table(names, lengths, ratio("", PROJECTIONS))
     lines += _peer_tables(names, lengths, by)
-    failures = [r for r in records if r["status"] != "ok" or r.get("rel_error_message")]
-    if failures or meta.get("notes"):
-        lines += ["## Failures, skips and notes", ""]
-        for r in failures:
-            message = r.get("message") or f"relative error: {r['rel_error_message']}"
-            lines.append(f"- `{r['variant']}` N={r['length']:,}: {r['status']}: {message}")
-        lines += [f"- {note}" for note in meta.get("notes", [])] + [""]
+    lines += _failures(records, meta)
     path.write_text("\n".join(lines))
+
+
+def _header(meta: dict[str, Any]) -> list[str]:
+    """The title, the date and versions, the settings and the command of a sweep."""
+    settings = meta["settings"]
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
+    return [
+        f"# Attention benchmark: {meta['device_name']}",
+        "",
+        f"{meta['date']}; {versions}.",
+        (
+            f"Batch {settings['batch']}, dim {settings['dim']}, {settings['heads']} heads x {meta['head_dim']}, "
+            f"{settings['dtype']}, {'causal' if settings['causal'] else 'non-causal'}, threads: {settings['threads']}; "
+            f"the whole module (qkv and proj included); median of {settings['repeats']} runs after "
+            f"{settings['warmup']} warm-up; each configuration in "
+            f"{'a fresh process' if meta['isolated'] else 'the sweep process'}. Command: `{meta['command']}`"
+        ),
+        *[f"Merged with the earlier records of `{command}`." for command in meta.get("merged_from", [])],
+        "",
+    ]
+
+
+def _crossovers(names: list[str], meta: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """The length from which each variant beats softmax (forward + backward), as a table."""
+    settings = meta["settings"]
+    lines = ["## Crossover against softmax (forward + backward)", ""]
+    if meta["device"] == "cuda" and settings["dtype"] in ("bf16", "fp16"):
+        lines += ["softmax runs through SDPA, which takes its flash kernel at this dtype.", ""]
+    lines += ["| variant | crossover N |", "|---|---|"]
+    lines += [f"| `{n}` | {summary[n]['crossover']['text']} |" for n in names if "crossover" in summary.get(n, {})]
+    return lines + [""]
+
+
+def _failures(records: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """The failed and skipped configurations and the sweep's notes (nothing when there are none)."""
+    failures = [r for r in records if r["status"] != "ok" or r.get("rel_error_message")]
+    if not (failures or meta.get("notes")):
+        return []
+    lines = ["## Failures, skips and notes", ""]
+    for r in failures:
+        message = r.get("message") or f"relative error: {r['rel_error_message']}"
+        lines.append(f"- `{r['variant']}` N={r['length']:,}: {r['status']}: {message}")
+    return lines + [f"- {note}" for note in meta.get("notes", [])] + [""]
 
 
 def _peer_tables(names: list[str], lengths: list[int], by: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
