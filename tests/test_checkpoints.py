@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 import zoo.engine
 from zoo.checkpoints import MANIFEST_NAME, CheckpointError, find_checkpoint, read_manifest, verify_checkpoint
 from zoo.engine import NonFiniteError, Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.recipe import load_recipe
 
 TINY = tiny_vit_recipe(
@@ -132,7 +132,7 @@ def test_a_git_lfs_pointer_in_place_of_a_checkpoint_file_is_named(run):
     weights = run_dir / "checkpoints" / "best" / "model.safetensors"
     weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n")
     with pytest.raises(CheckpointError, match=r"model\.safetensors has \d+ bytes, \d+ when saved: a git-lfs pointer"):
-        evaluate_run(run_dir, checkpoint="best")
+        evaluate(run_dir, checkpoint="best")
 
 
 def test_resume_and_eval_check_the_recipe_that_trained_the_checkpoint(run, tmp_path):
@@ -141,7 +141,7 @@ def test_resume_and_eval_check_the_recipe_that_trained_the_checkpoint(run, tmp_p
     edited["model"]["attention"] = {"name": "softmax", "options": {}}
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(edited))
     with pytest.raises(CheckpointError, match=r"model\.attention\.name: 'performer' in the checkpoint, 'softmax' in"):
-        evaluate_run(run_dir, checkpoint="best")
+        evaluate(run_dir, checkpoint="best")
     other = yaml.safe_load(recipe.read_text())
     other["model"]["depth"] = 2
     (tmp_path / "deeper.yaml").write_text(yaml.safe_dump(other))
@@ -163,7 +163,7 @@ def test_eval_of_a_file_that_holds_no_weights_is_one_line(run, content, message)
     weights = run_dir / "weights.safetensors"
     weights.write_bytes(content)
     with pytest.raises(ValueError, match=message) as info:
-        evaluate_run(run_dir, checkpoint=str(weights))
+        evaluate(run_dir, checkpoint=str(weights))
     assert str(weights) in str(info.value) and "\n" not in str(info.value)
 
 
@@ -176,14 +176,14 @@ def test_eval_of_another_architecture_names_what_differs(run):
     )
     save_file(state, str(run_dir / "deeper.safetensors"))
     with pytest.raises(ValueError, match=r"deeper\.safetensors: weights do not fit .*(depth|blocks)"):
-        evaluate_run(run_dir, checkpoint=str(run_dir / "deeper.safetensors"))
+        evaluate(run_dir, checkpoint=str(run_dir / "deeper.safetensors"))
 
 
 def test_a_checkpoint_without_manifest_still_loads(run, caplog):
     # written by zoo before manifests: loaded unverified, with a warning
     _, run_dir = run
     (run_dir / "checkpoints" / "best" / MANIFEST_NAME).unlink()
-    assert evaluate_run(run_dir, checkpoint="best")["metrics"]["samples"] == 16
+    assert evaluate(run_dir, checkpoint="best")["metrics"]["samples"] == 16
     assert "loaded without verification" in caplog.text
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import zoo
 from zoo.convert_run import convert_run
 from zoo.engine import Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
     assert summary["stage2"]["steps"] == 2 and summary["stage2"]["distill_losses"] == []
     # tools/eval.py's path and zoo.load_model read the run as a trained one
     reset_accelerate()
-    assert evaluate_run(run_dir, split="test")["metrics"]["samples"] == 8
+    assert evaluate(run_dir, split="test")["metrics"]["samples"] == 8
     model = zoo.load_model(run_dir)
     assert [type(b.attn).attention_name for b in model.blocks] == ["hedgehog", "hedgehog"]
     assert model.pretrained_cfg["input_size"] == (1, 64, 64)

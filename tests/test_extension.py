@@ -26,7 +26,7 @@ from zoo import model_kinds, tasks
 from zoo.data import _registry as data_registry
 from zoo.data import register_dataset
 from zoo.engine import Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.model_kinds import KindOptions, ModelKind, register_model_kind
 from zoo.models.heads import ClassificationHead
 from zoo.recipe import recipe_from_dict
@@ -183,7 +183,7 @@ def train_evaluate_predict(recipe, tmp_path: Path, monkeypatch) -> tuple[dict, l
     reset_accelerate()
     Trainer(recipe, run_dir).fit()
     reset_accelerate()
-    result = evaluate_run(run_dir, split="test")
+    result = evaluate(run_dir, split="test")
     model = zoo.load_model(run_dir)
     series = TaggedSeries(7, 3).values
     rows = [",".join(f"{v:.5f}" for v in row.tolist()) for row in series]

@@ -18,7 +18,7 @@ from torch import nn
 import zoo
 from zoo.distributed import build_accelerator, is_sharded, shard_units
 from zoo.engine import Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.recipe import load_recipe
 from zoo.recipe._schema import RecipeError
 
@@ -122,7 +122,7 @@ def test_fsdp_resumes_and_ends_with_the_weights_of_ddp(runs):
 @pytest.mark.slow
 def test_an_fsdp_run_evaluates_as_the_ddp_run(runs):
     reset_accelerate()
-    results = {s: evaluate_run(runs[s]["dir"], checkpoint="last", split="test")["metrics"] for s in ("ddp", "fsdp")}
+    results = {s: evaluate(runs[s]["dir"], checkpoint="last", split="test")["metrics"] for s in ("ddp", "fsdp")}
     assert results["fsdp"]["samples"] == 16
     assert results["fsdp"]["top1"] == results["ddp"]["top1"]
     assert results["fsdp"]["loss"] == pytest.approx(results["ddp"]["loss"], rel=1e-5)

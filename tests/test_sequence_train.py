@@ -1,5 +1,5 @@
 """1-D recipes end to end: train and evaluate DNA and time-series recipes through the image path's Trainer and
-evaluate_run, at tiny sizes; the schema's 1-D keys and their one-line errors."""
+evaluate, at tiny sizes; the schema's 1-D keys and their one-line errors."""
 
 import dataclasses
 import inspect
@@ -17,7 +17,7 @@ from zoo import engine
 from zoo.data import INPUT_KINDS, DataContext, build_dataset, debian, get_dataset, list_datasets
 from zoo.data._interface import sequence_length
 from zoo.engine import Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.models import create_sequence_model
 from zoo.recipe import RecipeError, SequenceConfig, load_recipe, recipe_from_dict
 from zoo.tasks import list_tasks
@@ -49,7 +49,7 @@ def fit(recipe, run_dir: Path) -> dict:
     reset_accelerate()
     Trainer(recipe, run_dir).fit()
     reset_accelerate()
-    return evaluate_run(run_dir, checkpoint="best", split="test")
+    return evaluate(run_dir, checkpoint="best", split="test")
 
 
 def records(run_dir: Path) -> list[dict]:

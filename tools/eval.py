@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from zoo.cli import log_to, run_cli
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,7 +37,7 @@ def main() -> None:
     # a folder that is not a run gets nothing written into it: the error is one line on stderr
     if (run_dir / "recipe.yaml").is_file():
         log_to(run_dir / "eval.log")
-    result = evaluate_run(run_dir, checkpoint=args.checkpoint, split=args.split)
+    result = evaluate(run_dir, checkpoint=args.checkpoint, split=args.split)
     output = Path(args.output) if args.output else run_dir / "eval.json"
     output.write_text(json.dumps(result, indent=2))
     print(f"{args.split}: {_scores(result['metrics'])}")

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
@@ -38,14 +36,15 @@ from ._run_weights import without_pretrained
 from ._validate import check_int
 from ._weights import read_weights
 from .convert import FinetuneReport, TransferReport, finetune, transfer_attention
-from .engine import build_loader, build_split, evaluate
+from .engine import build_loader, build_split
+from .evaluation import evaluate
 from .model_kinds import get_model_kind, sizes_of
 from .models.vit import load_state_dict_into
 from .pretrained import is_model_source, load_model
 from .recipe import Recipe
 from .runs import describe_model, write_run
 
-__all__ = ["ConversionResult", "ImagePairs", "convert_run", "evaluate_model"]
+__all__ = ["ConversionResult", "ImagePairs", "convert_run"]
 
 _logger = logging.getLogger(__name__)
 
@@ -94,24 +93,6 @@ def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool
     teacher = kind.build(dataclasses.replace(recipe, model=model), sizes, task)
     report = load_state_dict_into(teacher, read_weights(source), str(source))
     return teacher.eval(), not any(key.startswith("head") for key in report.dropped_keys)
-
-
-def evaluate_model(model: nn.Module, recipe: Recipe, split: str) -> dict[str, Any]:
-    """The recipe task's metrics (`recipe.metrics`) of the ViT `model` on `split`."""
-    kind = get_model_kind(recipe.model.kind)
-    task = kind.task(recipe)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    loader = accelerator.prepare(build_loader(recipe, build_split(recipe, split), train=False))
-    model.to(accelerator.device)
-    return evaluate(
-        model,
-        loader,
-        accelerator,
-        task=task,
-        model_inputs=kind.inputs,
-        metric_names=recipe.metrics,
-        num_classes=model.num_classes,
-    )
 
 
 def convert_run(
@@ -179,7 +160,7 @@ def convert_run(
 def _evaluated(stage: str, model: nn.Module, recipe: Recipe, split: str | None) -> dict[str, dict[str, Any]]:
     if split is None:
         return {}
-    metrics = evaluate_model(model, recipe, split)
+    metrics = evaluate(model, recipe=recipe, split=split, num_classes=model.num_classes)["metrics"]
     _logger.info("after %s: %s", stage, " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, float)))
     return {stage: metrics}
 

@@ -66,7 +66,7 @@ __all__ = [
     "build_loader",
     "build_split",
     "data_context",
-    "evaluate",
+    "evaluate_loader",
     "find_checkpoint",
     "model_for",
     "resolve_mixed_precision",
@@ -165,7 +165,7 @@ def _gather(
 
 
 @torch.no_grad()
-def evaluate(
+def evaluate_loader(
     model: nn.Module,
     loader: DataLoader,
     accelerator: Accelerator,
@@ -539,7 +539,7 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
-        metrics = evaluate(
+        metrics = evaluate_loader(
             self.model,
             self.val_loader,
             self.accelerator,

@@ -1,7 +1,7 @@
-"""Evaluate a trained run directory on a split: the task's metrics through torchmetrics, a confusion-matrix plot
-where the task counts classes, and the baselines the dataset is judged against (its `baselines(train_set)`: the
-GC-content nearest-mean rule for genomes, seasonal-naive and linear forecasts for the forecasting sets), all on the
-same split."""
+"""Evaluate a trained run directory (or a model) on a split, through `evaluate`: the task's metrics through
+torchmetrics, a confusion-matrix plot where the task counts classes, and the baselines the dataset is judged against
+(its `baselines(train_set)`: the GC-content nearest-mean rule for genomes, seasonal-naive and linear forecasts for
+the forecasting sets), all on the same split."""
 
 from __future__ import annotations
 
@@ -10,23 +10,26 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
+from torch import nn
 from torch.utils.data import Dataset
 
 from ._run_weights import load_checked, resolve_run
 from ._sizes import ModelSizes
 from .data._interface import split_attribute
-from .engine import build_loader, build_split, evaluate, resolve_mixed_precision
+from .engine import build_loader, build_split, evaluate_loader, resolve_mixed_precision
 from .model_kinds import build_model, get_model_kind
+from .recipe import Recipe
 from .runs import RECIPE_FILE
 
 __all__ = [
     "ConfusionLayout",
     "baselines",
     "confusion_layout",
-    "evaluate_run",
+    "evaluate",
     "plot_confusion",
 ]
 
@@ -208,12 +211,52 @@ def baselines(train_set: Dataset | None, dataset: Dataset) -> dict[str, dict[str
     return rules(train_set) if callable(rules) else {}
 
 
-def evaluate_run(run_dir: Path, *, checkpoint: str = "best", split: str = "test") -> dict:
-    """Metrics of `run_dir`'s checkpoint on `split` with the task's baselines, and for the classification tasks
-    the confusion matrix saved as a PNG beside it (`confusion_png`, None for the others). The model is built from
-    the run's sizes (`model.json`); only the evaluated split is read (and the training split where the dataset's
-    baselines are fitted on it)."""
-    recipe_path = Path(run_dir) / RECIPE_FILE
+def evaluate(
+    source: str | Path | nn.Module,
+    *,
+    split: str = "test",
+    checkpoint: str = "best",
+    recipe: Recipe | None = None,
+    num_classes: int | None = None,
+) -> dict[str, Any]:
+    """The one way to evaluate: `source`'s metrics on `split`, as tools/eval.py writes them to eval.json
+    (`run_dir`, `checkpoint`, `split`, `task`, `metrics`, `baselines`, `confusion_png`).
+
+    `source` a run directory of tools/train.py: its `checkpoint` (`best`, `last`, a checkpoint folder or weights
+    file), verified, in the model built from the run's `model.json`; the recipe's metrics and the task's
+    `eval_metrics`, at the recipe's mixed precision, with the dataset's baselines and, where the task counts
+    classes, the confusion matrix saved as `confusion_<split>.png` beside it. Only the evaluated split is read (and
+    the training split where the dataset's baselines are fitted on it).
+
+    `source` a model (`nn.Module`): on `recipe`'s split, the recipe's metrics over `num_classes` classes, in full
+    precision (as `zoo.convert_run` measures its stages); no baselines, no plot.
+    """
+    if isinstance(source, nn.Module):
+        if recipe is None or num_classes is None:
+            raise TypeError("evaluate(model) needs the recipe it was built from and its num_classes")
+        return _evaluate_model(source, recipe, split, num_classes)
+    return _evaluate_run(Path(source), checkpoint=checkpoint, split=split)
+
+
+def _evaluate_model(model: nn.Module, recipe: Recipe, split: str, num_classes: int) -> dict[str, Any]:
+    kind = get_model_kind(recipe.model.kind)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    loader = accelerator.prepare(build_loader(recipe, build_split(recipe, split), train=False))
+    model.to(accelerator.device)
+    metrics = evaluate_loader(
+        model,
+        loader,
+        accelerator,
+        task=kind.task(recipe),
+        model_inputs=kind.inputs,
+        metric_names=recipe.metrics,
+        num_classes=num_classes,
+    )
+    return _report(None, None, split, recipe, metrics, {}, None)
+
+
+def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, Any]:
+    recipe_path = run_dir / RECIPE_FILE
     if not recipe_path.is_file():
         raise FileNotFoundError(f"{recipe_path} does not exist: is {run_dir} a run directory of tools/train.py?")
     # the run's recipe.yaml (which the user may point at other data), checked against the checkpoint
@@ -229,7 +272,7 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", split: str = "test"
     loader = build_loader(recipe, dataset, train=False)
     model, loader = accelerator.prepare(model, loader)
     names = list(dict.fromkeys([*recipe.metrics, *task.eval_metrics]))
-    metrics = evaluate(
+    metrics = evaluate_loader(
         model,
         loader,
         accelerator,
@@ -238,16 +281,29 @@ def evaluate_run(run_dir: Path, *, checkpoint: str = "best", split: str = "test"
         metric_names=names,
         num_classes=task.num_outputs(sizes),
     )
-    png = Path(run_dir) / f"confusion_{split}.png" if "confusion" in metrics else None
+    png = run_dir / f"confusion_{split}.png" if "confusion" in metrics else None
     if png is not None and accelerator.is_main_process:
         plot_confusion(metrics["confusion"], png, split_attribute(dataset, "classes"))
     fitted = callable(split_attribute(dataset, "baselines"))
+    rules = baselines(build_split(recipe, "train") if fitted else None, dataset)
+    return _report(run_dir, weights, split, recipe, metrics, rules, png)
+
+
+def _report(
+    run_dir: Path | None,
+    weights: Path | None,
+    split: str,
+    recipe: Recipe,
+    metrics: dict[str, Any],
+    rules: dict[str, Any],
+    png: Path | None,
+) -> dict[str, Any]:
     return {
-        "run_dir": str(run_dir),
-        "checkpoint": str(weights),
+        "run_dir": None if run_dir is None else str(run_dir),
+        "checkpoint": None if weights is None else str(weights),
         "split": split,
         "task": recipe.task,
         "metrics": metrics,
-        "baselines": baselines(build_split(recipe, "train") if fitted else None, dataset),
+        "baselines": rules,
         "confusion_png": None if png is None else str(png),
     }

@@ -31,8 +31,9 @@ from accelerate.utils import set_seed
 from zoo import load_model
 from zoo.cli import run_cli
 from zoo.convert import finetune
-from zoo.convert_run import ImagePairs, convert_run, evaluate_model
+from zoo.convert_run import ImagePairs, convert_run
 from zoo.engine import Trainer, build_loader, build_split
+from zoo.evaluation import evaluate
 from zoo.model_kinds import get_model_kind, sizes_of
 from zoo.recipe import Recipe, load_recipe
 
@@ -111,7 +112,7 @@ def from_scratch(recipe: Recipe, steps: int, lr: float) -> float:
     model = kind.build(recipe, sizes_of(recipe, train_set), task)
     pairs = ImagePairs(build_loader(recipe, train_set, train=True))
     finetune(model, pairs, steps, lr=lr, loss_fn=lambda logits, labels: task.loss(logits, labels))
-    return _top1(evaluate_model(model.eval(), recipe, "test"))
+    return _top1(evaluate(model.eval(), recipe=recipe, split="test", num_classes=model.num_classes)["metrics"])
 
 
 def run_variant(settings: Settings, teacher: Path, recipe: Recipe, name: str) -> dict[str, Any]:
@@ -165,9 +166,10 @@ def run_benchmark(settings: Settings) -> dict[str, Any]:
     summary = json.loads((teacher / "train_summary.json").read_text())
     _reset_accelerate()
     model = load_model(teacher)
-    at_own = _top1(evaluate_model(model, recipe, "test"))
+    at_own = _top1(evaluate(model, recipe=recipe, split="test", num_classes=model.num_classes)["metrics"])
     target = student_recipe(recipe, "softmax", {}, settings.img_size)
-    at_target = _top1(evaluate_model(load_model(teacher, img_size=settings.img_size), target, "test"))
+    resized = load_model(teacher, img_size=settings.img_size)
+    at_target = _top1(evaluate(resized, recipe=target, split="test", num_classes=resized.num_classes)["metrics"])
     _logger.info(
         "teacher: test top-1 %.3f at %d px, %.3f at %d px", at_own, recipe.model.img_size, at_target, settings.img_size
     )
