@@ -1,11 +1,16 @@
-"""Model kinds: how a recipe's `model.kind` becomes a model sized from the training split, and what of a batch it
-reads. Each kind is a `ModelKind` registered by name:
+"""Model kinds: how a recipe's `model.kind` becomes a model built from the run's `ModelSizes`, and what of a batch
+it reads. Each kind is a `ModelKind` registered by name, with its own options dataclass (`KindOptions`: the keys of
+the recipe's `model` section only it takes, checked like `data.options`):
 
-- `vit`: timm's VisionTransformer with any zoo attention (`zoo.models.create_model`), for image data;
-- `sequence`: zoo's 1-D `SequenceModel` (`zoo.models.create_sequence_model`), for dna, series and tokens data.
+- `vit`: timm's VisionTransformer with any zoo attention (`zoo.models.create_model`), for image data (`ViTOptions`);
+- `sequence`: zoo's 1-D `SequenceModel` (`zoo.models.create_sequence_model`), for dna, series and tokens data
+  (`SequenceOptions`: the `model.sequence` section).
 
-The task (`zoo.tasks`) gives the sizes it needs (classes, vocabulary, horizon); the kind adds its own (input length,
-channels) and reads its recipe section. The engine builds every model through `get_model_kind(recipe.model.kind)`.
+The task (`zoo.tasks`) reads the sizes it needs (classes, vocabulary, horizon); the kind reads its own (input length,
+channels) and its options. A kind also says what model.json records of how its inputs are read (`describe`), its
+checks against the data and task (`recipe_problems`) and what the dataset builders read of its options
+(`data_context`). The engine builds every model through `build_model(recipe, sizes)`. A new kind is one
+`register_model_kind(ModelKind(...))` (see tests/test_extension.py).
 """
 
 from __future__ import annotations

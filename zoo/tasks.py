@@ -10,10 +10,13 @@ and "predict the next token", for the image ViT and the 1-D `SequenceModel` alik
   `(preds, target)` pair every metric takes (`metric_inputs`);
 - what it reads of the run's `ModelSizes` (`model_sizes`: classes, vocabulary, horizon and channels) and
   which head a 1-D model needs (`build_head`);
-- the 1-D model inputs it takes, and the `model.sequence` options only it uses.
+- the 1-D model inputs it takes, and the `model.sequence` options only it uses;
+- what a run records of its training split for prediction (`describe_inputs`: a forecast's columns) and how
+  `zoo.predict` turns one input's outputs into rows (`prediction_rows`; a task without them is not predicted).
 
 Batches are dicts (`zoo.data` turns image `(image, label)` pairs into `{"image", "label"}`), so one `Task` serves
-every model. A new task is a subclass registered with `register_task(MyTask())` in this file.
+every model. A new task is a subclass registered with `register_task(MyTask())`, in this file or its own (see
+tests/test_extension.py: a multi-label task with no other edit).
 
 Letter legend: b - batch, k - classes, l - positions, n - tokens, t - horizon, c - channels, v - vocabulary.
 """
@@ -83,7 +86,8 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class Task:
-    """A task's rules; subclasses implement `_loss`, `metric_inputs`, `loss_units`, `model_sizes`, `build_head`."""
+    """A task's rules; subclasses implement `_loss`, `metric_inputs`, `loss_units`, `model_sizes`, `build_head`
+    and, to be predicted, `prediction_rows`."""
 
     name: ClassVar[str]
     # the batch key holding the targets
