@@ -8,10 +8,14 @@ their own helpers, and a conftest.py cannot be imported reliably (pytest loads o
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 from accelerate.test_utils.testing import AccelerateTestCase
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # 32-px MegaMNIST canvases: two 12-px target digits, one other digit and one clutter patch
 TINY_CANVAS = {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1}
@@ -110,3 +114,10 @@ def reset_accelerate() -> None:
     singletons), so that the next `Accelerator` in this process takes its own settings: what accelerate's own
     tests do between tests (`accelerate.test_utils.testing.AccelerateTestCase.tearDown`)."""
     AccelerateTestCase().tearDown()
+
+
+def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh interpreter from the repository root (a command line as a user runs it): its exit
+    status and captured text output."""
+    command = [sys.executable, *map(str, args)]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)

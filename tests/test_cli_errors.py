@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import tiny_sequence_model
+from helpers import run_tool, tiny_sequence_model
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -126,10 +126,6 @@ def test_confusion_matrix_of_non_ascii_class_names(tmp_path):
         warnings.simplefilter("error")
         plot_confusion(np.eye(5, dtype=int).tolist(), tmp_path / "c.png", names)
     assert Image.open(tmp_path / "c.png").size[0] > 100
-
-
-def run_tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
+from helpers import reset_accelerate, run_tool, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 
 import zoo
@@ -36,10 +36,6 @@ def fit(recipe_path: Path, run_dir: Path, *, resume: bool = False) -> Trainer:
     trainer = Trainer(load_recipe(recipe_path), run_dir, resume=resume)
     trainer.fit()
     return trainer
-
-
-def run_tool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
