@@ -342,3 +342,24 @@ def test_the_hub_offline_fails_at_once_naming_the_file_route(tmp_path):
     assert "hf-hub:someone/tiny" in loading and "offline (HF_HUB_OFFLINE=1)" in loading
     assert "zoo.load_model(DIR)" in loading
     assert "offline (HF_HUB_OFFLINE=1)" in pushing and "zoo.save_pretrained(model, DIR)" in pushing
+
+
+def test_push_to_hub_hands_timm_what_save_pretrained_writes(tmp_path, monkeypatch):
+    import zoo.pretrained as pretrained
+
+    calls = []
+    monkeypatch.setattr(pretrained, "is_offline_mode", lambda: False)
+    monkeypatch.setattr(
+        pretrained, "push_to_hf_hub", lambda model, repo, **kwargs: calls.append((repo, kwargs)) or "c1"
+    )
+    model = tiny()
+    assert zoo.push_to_hub(model, "someone/tiny", class_names=["a", "b", "c"], private=True) == "c1"
+    ((repo, kwargs),) = calls
+    written = json.loads(
+        (save_pretrained(model, tmp_path / "m", class_names=["a", "b", "c"]) / "config.json").read_text()
+    )
+    assert repo == "someone/tiny" and kwargs["private"] and kwargs["safe_serialization"] is True
+    assert kwargs["model_args"] == written["model_args"]
+    assert kwargs["model_config"]["label_names"] == written["label_names"] == ["a", "b", "c"]
+    handed = json.loads(json.dumps(kwargs["model_config"]["pretrained_cfg"]))
+    assert handed["input_size"] == [1, 32, 32] and handed.items() <= written["pretrained_cfg"].items()

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import timm
-from huggingface_hub import HfApi, hf_hub_download, is_offline_mode
+from huggingface_hub import hf_hub_download, is_offline_mode
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
-from safetensors.torch import save_model
-from timm.models import PretrainedCfg
+from timm.models import PretrainedCfg, push_to_hf_hub, save_for_hf
 from torch import nn
 
 from ._run_weights import CHECKPOINTS, RunWeights, find_run, load_checked, resolve_run
@@ -141,40 +140,60 @@ def save_pretrained(
     data_config: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write `model.safetensors` and `config.json` (timm's hub layout) to `folder`; returns the folder.
+    """Write `model.safetensors` and `config.json` (timm's hub layout, by timm's `save_for_hf`) to `folder`;
+    returns the folder.
 
     `class_names`: one per output of the head (`label_names`, read back as `model.pretrained_cfg["label_names"]`);
     by default the model's own (a run's class names). `data_config`: the preprocessing the weights were trained
     with (`mean`, `std`, `interpolation`, `crop_pct`, `crop_mode`); by default the model's `pretrained_cfg` (a
     run's own), else the architecture's. `extra`: more top-level JSON entries (e.g. the recipe's name).
     """
+    model_config, args = _hub_config(model, class_names, data_config, extra)
+    folder = Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".save_pretrained.") as written:
+        save_for_hf(model, written, model_config=model_config, model_args=args, safe_serialization=True)
+        # weights first, config last: a folder with a config.json is complete
+        for name in (WEIGHTS_NAME, CONFIG_NAME):
+            os.replace(Path(written) / name, folder / name)
+    return folder
+
+
+# config.json's entries that save_pretrained writes itself (an `extra` entry may not replace one)
+_CONFIG_KEYS = ("architecture", "num_classes", "num_features", "global_pool", "model_args", "pretrained_cfg")
+_LABEL_KEYS = ("label_names", "label_descriptions", "labels")
+
+
+def _hub_config(
+    model: nn.Module,
+    class_names: Sequence[str] | None,
+    data_config: Mapping[str, Any] | None,
+    extra: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """timm's `model_config` (the preprocessing, class names and extra entries) and `model_args` of `model`."""
     args = model_args(model)
     if class_names is None:
         own = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
         class_names = own if own is not None and len(own) == args["num_classes"] else None
+    # the architecture goes to config.json's top level, and the architecture's weights tag names other weights:
+    # the same config.json with timm 1.0.29 (which writes this cfg as given) and 1.0.31 (which merges it)
+    pretrained_cfg = {**_data_config(model, args, data_config), "tag": None}
+    pretrained_cfg.pop("architecture", None)
     config: dict[str, Any] = {
-        "architecture": model.pretrained_cfg["architecture"],
         "num_classes": args["num_classes"],
-        "num_features": model.num_features,
         "global_pool": args["global_pool"],
-        "model_args": args,
-        "pretrained_cfg": _data_config(model, args, data_config),
+        "pretrained_cfg": pretrained_cfg,
     }
     if class_names is not None:
         config["label_names"] = _class_names(class_names, args["num_classes"])
     for key, value in (extra or {}).items():
-        if key in config or key == "label_names":
+        if key in _CONFIG_KEYS or key in _LABEL_KEYS:
             raise ValueError(f"extra key {key!r} would replace a config.json entry; choose another name")
         try:
             config[key] = json.loads(json.dumps(value))
         except (TypeError, ValueError):
             raise ValueError(f"extra[{key!r}]={value!r} is not JSON-serialisable") from None
-    folder = Path(folder).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
-    # weights first, config last: a folder with a config.json is complete
-    _write_atomically(folder / WEIGHTS_NAME, lambda path: save_model(model, str(path)))
-    _write_atomically(folder / CONFIG_NAME, lambda path: path.write_text(json.dumps(config, indent=2) + "\n"))
-    return folder
+    return config, args
 
 
 def _class_names(names: Sequence[str], num_classes: int) -> list[str]:
@@ -184,17 +203,6 @@ def _class_names(names: Sequence[str], num_classes: int) -> list[str]:
     if len(names) != num_classes:
         raise ValueError(f"{len(names)} class_names for a head of {num_classes} classes: give one name per class")
     return names
-
-
-def _write_atomically(path: Path, write) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
 
 
 def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any) -> nn.Module:
@@ -370,19 +378,20 @@ def push_to_hub(
     token: str | None = None,
     commit_message: str = "Add model",
 ) -> str:
-    """Upload `save_pretrained`'s folder to the hub repository `repo_id` (created if needed); returns its URL.
-    `load_model("hf-hub:" + repo_id)` and timm's `create_model("hf-hub:" + repo_id)` (with zoo imported) read it."""
+    """Upload `save_pretrained`'s files to the hub repository `repo_id` (created if needed) by timm's
+    `push_to_hf_hub`; returns the commit's URL. `load_model("hf-hub:" + repo_id)` and timm's
+    `create_model("hf-hub:" + repo_id)` (with zoo imported) read it."""
     if is_offline_mode():
         raise ConnectionError(
             f"cannot push to {repo_id!r}: the hub client is offline (HF_HUB_OFFLINE=1); save the folder with "
             "zoo.save_pretrained(model, DIR) and upload it later (huggingface-cli upload REPO DIR)"
         )
-    api = HfApi(token=token)
-    with tempfile.TemporaryDirectory() as folder:
-        save_pretrained(model, folder, class_names=class_names, data_config=data_config)
-        try:
-            repo = api.create_repo(repo_id, private=private, exist_ok=True)
-            api.upload_folder(repo_id=repo.repo_id, folder_path=folder, commit_message=commit_message)
-        except (HfHubHTTPError, OfflineModeIsEnabled) as error:
-            raise ConnectionError(f"could not push to {repo_id!r}: {first_line(error)}") from None
-    return str(repo)
+    model_config, args = _hub_config(model, class_names, data_config, None)
+    try:
+        commit = push_to_hf_hub(
+            model, repo_id, commit_message=commit_message, token=token, private=private,
+            model_config=model_config, model_args=args, safe_serialization=True,
+        )  # fmt: skip
+    except (HfHubHTTPError, OfflineModeIsEnabled) as error:
+        raise ConnectionError(f"could not push to {repo_id!r}: {first_line(error)}") from None
+    return str(commit)
