@@ -1,13 +1,15 @@
 """A zoo ViT as a folder: `save_pretrained`, `load_model`, and the Hugging Face hub.
 
 `save_pretrained(model, folder)` writes `model.safetensors` and a `config.json` in timm's hub layout
-(`architecture`, `model_args`, `pretrained_cfg`, `label_names`), so `load_model(folder)` rebuilds the model in eval
-mode with its preprocessing attached (`timm.data.resolve_data_config(model=model)` gives its own input size, mean
-and std), `timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), **model_args)`
-reads the weights back, and the folder can go to the hub (`push_to_hub`, `load_model("hf-hub:owner/name")`).
-`load_model` also reads a run of tools/train.py (`runs/NAME`, a checkpoint folder in it, or its `model.safetensors`):
-the model is rebuilt from the run's `recipe.yaml` and `model.json` (`zoo.runs`) without its training data.
-Reading and checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `zoo._weights`.
+(`architecture`, `model_args`, `pretrained_cfg`, `label_names`) through timm's `save_for_hf`, so
+`load_model(folder)` rebuilds the model in eval mode with its preprocessing attached
+(`timm.data.resolve_data_config(model=model)` gives its own input size, mean and std),
+`timm.create_model(architecture, pretrained=True, pretrained_cfg_overlay=dict(file=...), **model_args)` reads the
+weights back, and the folder can go to the hub (`push_to_hub`, `load_model("hf-hub:owner/name")`). `load_model`
+also reads a run of tools/train.py (`runs/NAME`, a checkpoint folder in it, or its `model.safetensors`): the model
+is rebuilt from the run's `recipe.yaml` and `model.json` (`zoo.runs`) without its training data, with the weights
+that `zoo._run_weights.resolve_run` verified (the one route from a run or checkpoint to weights). Reading and
+checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `zoo._weights`.
 """
 
 from __future__ import annotations
