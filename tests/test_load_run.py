@@ -229,3 +229,22 @@ def test_an_image_folder_run_records_its_classes_and_timms_eval_transform(tmp_pa
     assert description["label_names"] == ["cat", "dog"] and description["sizes"] == {"num_classes": 2, "in_chans": 3}
     cfg = description["pretrained_cfg"]
     assert cfg["input_size"] == [3, 32, 32] and cfg["crop_pct"] == 0.875 and cfg["mean"] == [0.485, 0.456, 0.406]
+
+
+def test_one_route_resolves_a_run_a_checkpoint_and_its_weights(vit_run):
+    from zoo._run_weights import resolve_run
+
+    best = vit_run / "checkpoints" / "best"
+    by_run, by_folder, by_file = (resolve_run(source) for source in (vit_run, best, best / "model.safetensors"))
+    # the checkpoint's own recipe.yaml and model.json rebuild it; tools/eval.py reads the run's (files_from="run")
+    assert by_run.home == by_folder.home == by_file.home == best
+    assert resolve_run(vit_run, files_from="run").home == vit_run
+    assert by_run.weights == by_folder.weights == by_file.weights == best / "model.safetensors"
+    assert by_run.manifest is not None and by_run.manifest == by_folder.manifest
+    assert by_run.description == json.loads((vit_run / "model.json").read_text())
+    assert by_run.recipe.model == by_run.recipe.model.without_pretrained()
+    assert resolve_run(vit_run, "last").folder == vit_run / "checkpoints" / "last"
+    with pytest.raises(ValueError, match=r"unknown checkpoint 'bset' \(did you mean 'best'\?\); known: best, last"):
+        resolve_run(vit_run, "bset")
+    with pytest.raises(FileNotFoundError, match=r"checkpoint weights .*elsewhere\.safetensors do not exist"):
+        resolve_run(vit_run, str(vit_run / "elsewhere.safetensors"))

@@ -102,6 +102,7 @@ def _in_run_directory(run_dir: Path, checkpoint: str | Path) -> _Located:
         return _Located(run_dir, found / WEIGHTS_NAME, found, run_dir, str(checkpoint))
     given = Path(checkpoint).expanduser()
     if not given.exists():
+        # a bare word is a misspelt checkpoint name; anything else a path that is not there
         if isinstance(checkpoint, str) and "/" not in checkpoint and "." not in checkpoint:
             raise unknown_name("checkpoint", checkpoint, CHECKPOINTS)
         raise FileNotFoundError(f"checkpoint weights {given} do not exist")
