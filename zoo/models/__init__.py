@@ -7,7 +7,6 @@ from .heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenCla
 from .sequence import (
     INPUTS,
     POSITIONS,
-    TASKS,
     SequenceModel,
     SequenceTransformer,
     create_sequence_model,
@@ -26,7 +25,6 @@ __all__ = [
     "BLOCKS",
     "INPUTS",
     "POSITIONS",
-    "TASKS",
     "VIT_ARCHITECTURES",
     "Block",
     "ClassificationHead",

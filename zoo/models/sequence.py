@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from .._validate import did_you_mean
 from ..attention import AttentionBase, attention_class
 from ..attention._common import TIMM_ATTENTION_KEYS
-from ..tasks import HeadSpec, Task, get_task, list_tasks
+from ..tasks import HeadSpec, Task, get_task
 from .blocks import Block
 from .embeddings import (
     DNA_BASE_IDS,
@@ -52,7 +52,6 @@ from .heads import POOLS, AttentionPool, masked_mean
 __all__ = [
     "INPUTS",
     "POSITIONS",
-    "TASKS",
     "SequenceModel",
     "SequenceTransformer",
     "create_sequence_model",
@@ -60,7 +59,6 @@ __all__ = [
     "with_rotary",
 ]
 
-TASKS = tuple(list_tasks())
 # dna: one token per nucleotide; kmer: k-mers embedded from nucleotides; series: PatchTST patches; tokens: integer
 # ids of a dataset's own vocabulary (its `vocab_size`), padding given by the mask
 INPUTS = ("dna", "kmer", "series", "tokens")
