@@ -125,7 +125,8 @@ def _window_goal(ok: dict[tuple[str, int, int], dict[str, Any]]) -> str:
     if not rows:
         return "- sliding-window accuracy rising with its window (Based Figure 2): not run (fewer than 2 windows)."
     verdict = "reached" if all(rising for rising, _ in rows) else "not reached everywhere"
-    return f"- sliding-window accuracy rising with its window (Based Figure 2): {verdict}: {'; '.join(t for _, t in rows)}."
+    cells = "; ".join(text for _, text in rows)
+    return f"- sliding-window accuracy rising with its window (Based Figure 2): {verdict}: {cells}."
 
 
 def _left_out(labels: list[str]) -> str:
@@ -231,7 +232,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ]
         points = sorted(p for p in points if p[0])
         if points:
-            ax.plot(*zip(*points), marker="o", label=label, linewidth=0.8)
+            ax.plot(*zip(*points, strict=True), marker="o", label=label, linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("state per layer (floats, STATE_FORMULAS)")
     ax.set_ylabel("MQAR test accuracy")
