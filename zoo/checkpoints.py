@@ -12,7 +12,6 @@ A folder without a manifest (written by zoo before manifests) is loaded unverifi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -150,8 +149,10 @@ def verify_checkpoint(folder: Path) -> dict[str, Any] | None:
 def model_identity(recipe: Recipe) -> dict[str, Any]:
     """What a checkpoint's weights depend on: the recipe's task and `model` section, as flat dotted keys
     (`model.attention.name`), without the keys that do not shape the weights (dropout, pretrained source)."""
+    from .recipe import recipe_to_dict  # the model section as a recipe file writes it: the kind's options flat
+
     flat = {"task": recipe.task}
-    flat.update(_flatten(dataclasses.asdict(recipe.model), "model"))
+    flat.update(_flatten(recipe_to_dict(recipe)["model"], "model"))
     return {key: value for key, value in flat.items() if key.removeprefix("model.") not in _FREE_KEYS}
 
 
