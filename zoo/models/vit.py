@@ -13,9 +13,11 @@ Variants that attend on the patch grid (`needs_grid`) get `grid_size` and `num_p
 and, with `dynamic_img_size=True`, the grid of every input.
 
 Pretrained timm weights load into any variant: from a file (`pretrained_file=`, or timm's
-`pretrained_cfg_overlay=dict(file=...)`) or from the hub (`pretrained=True`). `pos_embed` is resampled to the
-new resolution, the classifier is dropped when the class count differs, and the only keys allowed to stay
-unfilled are a variant's own attention parameters. Without a network set `HF_HUB_OFFLINE=1` (the hub client's
+`pretrained_cfg_overlay=dict(file=...)`) or from the hub (`pretrained=True`), both through timm's
+`load_pretrained` with every adaptation in `checkpoint_filter_fn`: `pos_embed` is resampled to the new resolution,
+the input channels adapted, the classifier kept at its initialisation when the class count differs, and the only
+other keys allowed to stay unfilled are a variant's own attention parameters (`load_timm_weights` loads a file into
+a model already built, the same way). Without a network set `HF_HUB_OFFLINE=1` (the hub client's
 own switch): a cached checkpoint then loads at once and a missing one fails at once, naming the file route.
 """
 
