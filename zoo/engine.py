@@ -56,7 +56,7 @@ from .distributed import build_accelerator, local_shard, replica_mismatches, sav
 from .metrics import metrics_to_python
 from .model_kinds import build_model, get_model_kind, sizes_of
 from .pretrain import pretrain
-from .recipe import Recipe, save_recipe
+from .recipe import Recipe, recipe_to_dict, save_recipe
 from .runs import copy_run_files, describe_model, write_description
 from .tasks import Task
 
@@ -251,7 +251,8 @@ def _flat_config(recipe: Recipe) -> dict[str, Any]:
         else:
             flat[path] = json.dumps(value)
 
-    walk(asdict(recipe), "")
+    # the kind's options flat in `model`, as the recipe file writes them (model.img_size, model.sequence.input)
+    walk(recipe_to_dict(recipe), "")
     return flat
 
 
