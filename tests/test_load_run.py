@@ -248,3 +248,39 @@ def test_one_route_resolves_a_run_a_checkpoint_and_its_weights(vit_run):
         resolve_run(vit_run, "bset")
     with pytest.raises(FileNotFoundError, match=r"checkpoint weights .*elsewhere\.safetensors do not exist"):
         resolve_run(vit_run, str(vit_run / "elsewhere.safetensors"))
+
+
+def test_evaluating_a_run_reads_only_the_evaluated_split(vit_run, monkeypatch):
+    from zoo import evaluation
+
+    read = []
+
+    def only_recorded(recipe, split):
+        read.append(split)
+        return engine.build_split(recipe, split)
+
+    monkeypatch.setattr(evaluation, "build_split", only_recorded)
+    result = evaluation.evaluate(vit_run, split="val")
+    # MegaMNIST has no baselines fitted on the training split: the model is sized by model.json alone
+    assert read == ["val"] and result["metrics"]["samples"] == 16 and result["baselines"] == {}
+
+
+def test_model_sizes_read_once_and_written_as_model_json_holds_them():
+    from zoo._sizes import ModelSizes
+
+    class Split(torch.utils.data.Dataset):
+        num_classes, in_chans, columns = 3, 2, ("a", "b")
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, index):
+            return {"values": torch.zeros(5 + 4 * index, 2)}
+
+    sizes = ModelSizes.of(Split(), length=True)
+    assert sizes == ModelSizes(num_classes=3, in_chans=2, columns=("a", "b"), seq_len=9)
+    assert sizes.to_json() == {"num_classes": 3, "in_chans": 2, "columns": ["a", "b"], "seq_len": 9}
+    assert ModelSizes.from_json(sizes.to_json()) == sizes
+    assert ModelSizes.of(Split(), length=False).seq_len is None
+    with pytest.raises(ValueError, match=r"unknown model sizes \['width'\]; known: num_classes, "):
+        ModelSizes.from_json({"width": 3})

@@ -116,3 +116,24 @@ def test_registry_names_and_errors():
         get_task("forcast")
     with pytest.raises(ValueError, match="task 'forecast' is already registered"):
         register_task(Forecast())
+
+
+def test_prediction_rows_are_the_tasks_own():
+    names = ["a", "b", "c"]
+    described = {"label_names": names, "inputs": {"tokenizer": {"add_cls": True}}}
+    rows = get_task("classification").prediction_rows({"input": "x"}, torch.tensor([0.0, 2.0, 1.0]), None, described, 2)
+    assert rows == [{"input": "x", "classes": ["b", "c"], "probabilities": [0.665241, 0.244728]}]
+    # per position: the CLS token's row left out, padded positions give none; the causal variant reads alike
+    logits = torch.tensor([[9.0, 0, 0], [0, 5.0, 0], [0, 0, 5.0], [5.0, 0, 0]])
+    mask = torch.tensor([True, True, True, False])
+    meta = {"input": "x", "record": "r", "start": 11}
+    for name in ("token_classification", "causal_token_classification"):
+        rows = get_task(name).prediction_rows(meta, logits, mask, described, 5)
+        assert [(row["position"], row["label"]) for row in rows] == [(11, "b"), (12, "c")]
+    inputs = {"columns": ["x", "y"], "targets": ["y"], "mean": [0.0, 10.0], "std": [1.0, 2.0]}
+    rows = get_task("forecast").prediction_rows(
+        {"input": "f"}, torch.tensor([[1.0], [-1.0]]), None, {"inputs": inputs}, 5
+    )
+    assert rows == [{"input": "f", "step": 1, "y": 12.0}, {"input": "f", "step": 2, "y": 8.0}]
+    predicted = ["classification", "token_classification", "causal_token_classification", "forecast"]
+    assert not get_task("causal_lm").predicts and all(get_task(name).predicts for name in predicted)
