@@ -219,15 +219,15 @@ def test_a_forecast_continues_the_last_look_back_in_the_targets_units(tmp_path):
     steps = np.arange(400)
     demand = 50 + 10 * np.sin(steps * 2 * np.pi / 24)
     temperature = 20 + 5 * np.cos(steps * 2 * np.pi / 24)
-    data = write_csv(tmp_path / "series.csv", ["time", "demand", "temperature"],
-                     [[f"t{t}", d, c] for t, d, c in zip(steps, demand.round(4), temperature.round(4))])  # fmt: skip
+    every = zip(steps, demand.round(4), temperature.round(4), strict=True)
+    data = write_csv(tmp_path / "series.csv", ["time", "demand", "temperature"], [[f"t{t}", d, c] for t, d, c in every])
     options = {"lookback": 48, "horizon": 6, "targets": ["demand"]}
     recipe = sequence_recipe("forecast", {"name": "forecast_csv", "root": str(data), "options": options},
                              "forecast", "series")  # fmt: skip
     model = train(recipe, tmp_path / "run")
     windows = ForecastWindows.from_csv(data, "train", **options)
-    query = write_csv(tmp_path / "query.csv", ["time", "demand", "temperature"],
-                      [[f"t{t}", d, c] for t, d, c in zip(steps[:60], demand[:60].round(4), temperature[:60].round(4))])  # fmt: skip
+    first = zip(steps[:60], demand[:60].round(4), temperature[:60].round(4), strict=True)
+    query = write_csv(tmp_path / "query.csv", ["time", "demand", "temperature"], [[f"t{t}", d, c] for t, d, c in first])
     rows = predict(model, [query]).rows
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and set(rows[0]) == {"input", "step", "demand"}
     sample = windows[60 - 48]
@@ -263,7 +263,7 @@ def test_image_loader_is_predicts_reader_and_agrees_with_timm_on_8_bit_rgb(tmp_p
         assert (load(paths[name]) - timm_route(paths[name])).abs().max() > 1
     # predict reads through the same call
     rows = predict(model, [paths["rgb"], paths["alpha"]], top_k=3).rows
-    for row, path in zip(rows, (paths["rgb"], paths["alpha"])):
+    for row, path in zip(rows, (paths["rgb"], paths["alpha"]), strict=True):
         with torch.no_grad():
             expected = probabilities(model(load(path)[None])[0])
         np.testing.assert_allclose(row["probabilities"], expected, atol=1e-6)
