@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import zoo
 from zoo.engine import Trainer
-from zoo.evaluation import evaluate_run
+from zoo.evaluation import evaluate
 from zoo.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
     summary = json.loads((run_dir / "train_summary.json").read_text())
     assert summary["steps"] == 12 and summary["replicas_identical"]
 
-    result = evaluate_run(run_dir, checkpoint="last", split="test")
+    result = evaluate(run_dir, checkpoint="last", split="test")
     assert result["metrics"]["samples"] == 16
     assert 0.0 <= result["metrics"]["top1"] <= 1.0
     assert torch.tensor(result["metrics"]["confusion"]).sum() == 16
