@@ -202,9 +202,8 @@ def test_recipe_with_gau_blocks_validates():
 
 
 def test_engine_passes_the_block_options(monkeypatch):
-    from types import SimpleNamespace
-
     from zoo import model_kinds
+    from zoo._sizes import ModelSizes
 
     seen = {}
     monkeypatch.setattr(
@@ -212,6 +211,6 @@ def test_engine_passes_the_block_options(monkeypatch):
     )
     recipe = recipe_from_dict({"name": "x", "model": {"reversible": True, "ff_chunks": 2}})
     kind = model_kinds.get_model_kind("vit")
-    kind.build(recipe, SimpleNamespace(num_classes=3, in_chans=1), kind.task(recipe))
+    kind.build(recipe, ModelSizes(num_classes=3, in_chans=1), kind.task(recipe))
     assert seen["block"] == "timm" and seen["reversible"] is True and seen["ff_chunks"] == 2
     assert seen["block_options"] == {}

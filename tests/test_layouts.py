@@ -1,7 +1,6 @@
 """Per-block layouts (`global_blocks`: another attention in named blocks) and the patch grid that 2-D attention
 variants get from the model, at build time and, with `dynamic_img_size`, at every forward."""
 
-from types import SimpleNamespace
 
 import pytest
 import timm
@@ -10,6 +9,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 import zoo
+from zoo._sizes import ModelSizes
 from zoo.attention import _registry
 from zoo.attention._common import AttentionBase
 
@@ -90,7 +90,7 @@ def test_recipe_layout_reaches_the_model():
     recipe = recipe_from_dict({"name": "x", "model": model})
     assert recipe.model.global_blocks == [1, 3] and recipe.model.global_attention.options == {"window": 5}
     kind = get_model_kind("vit")
-    built = kind.build(recipe, SimpleNamespace(num_classes=3, in_chans=1), kind.task(recipe))
+    built = kind.build(recipe, ModelSizes(num_classes=3, in_chans=1), kind.task(recipe))
     assert layout(built) == ["window2d", "local", "window2d", "local"]
     assert built.blocks[1].attn.bound_options == {"window": 5}
 

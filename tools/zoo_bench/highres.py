@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from zoo._sizes import ModelSizes
 from zoo._validate import check_int
 from zoo.cli import run_cli
 from zoo.recipe import load_recipe, recipe_to_dict
@@ -72,7 +72,7 @@ def step_time(recipe_path: Path, layout: str, img_size: int, steps: int, threads
     sizes = [f"model.img_size={img_size}", f"data.options.canvas_size={img_size}"]
     recipe = load_recipe(recipe_path, [*_sets(LAYOUTS[layout]), *sizes])
     kind = get_model_kind(recipe.model.kind)
-    model = kind.build(recipe, SimpleNamespace(in_chans=1, num_classes=10), kind.task(recipe))
+    model = kind.build(recipe, ModelSizes(in_chans=1, num_classes=10), kind.task(recipe))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     images, labels = torch.rand(1, 1, img_size, img_size), torch.tensor([3])
     times = []
