@@ -30,8 +30,6 @@ from torch.utils.data import Dataset
 from ._sizes import ModelSizes
 from ._weights import WEIGHTS_NAME
 from .checkpoints import model_identity, replace_dir, write_manifest
-from .data._interface import split_attribute
-from .model_kinds import get_model_kind
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -54,6 +52,8 @@ _FORMAT = 1
 
 def _label_names(train_set: Dataset, task: Task, sizes: ModelSizes) -> list[str] | None:
     """The split's class names when there is one per output the metrics count (not a vocabulary, not a forecast)."""
+    from .data._interface import split_attribute
+
     names = split_attribute(train_set, "classes")
     if names is None or len(names) != task.num_outputs(sizes):
         return None
@@ -63,7 +63,10 @@ def _label_names(train_set: Dataset, task: Task, sizes: ModelSizes) -> list[str]
 def describe_model(recipe: Recipe, train_set: Dataset, task: Task, sizes: ModelSizes) -> dict[str, Any]:
     """`model.json`'s content for the model `recipe` builds from `sizes`, the run's sizes of `train_set` (see the
     module docstring)."""
-    from .data import get_dataset  # the dataset modules load only when a run is described
+    # the dataset modules, the model kinds and the recipe schema (torchmetrics, matplotlib) load only when a run is
+    # described, not on `import zoo`
+    from .data import get_dataset
+    from .model_kinds import get_model_kind
 
     data_kind = get_dataset(recipe.data.name).kind
     description: dict[str, Any] = {
