@@ -1,7 +1,6 @@
 """Per-block layouts (`global_blocks`: another attention in named blocks) and the patch grid that 2-D attention
 variants get from the model, at build time and, with `dynamic_img_size`, at every forward."""
 
-
 import pytest
 import timm
 import torch
