@@ -24,11 +24,11 @@ quickstart: $(STAMP)
 	$(PY) tools/train.py recipes/quickstart.yaml --overwrite
 	$(PY) tools/eval.py runs/quickstart
 
-# Debian packages that ship real DNA data (see zoo/data/debian.py), extracted without root into ~/.cache/zoo/debian;
+# Debian packages that ship real DNA data (see zoo/data/_debian.py), extracted without root into ~/.cache/zoo/debian;
 # never fails: without apt the tests of those datasets skip and say why.
 DEBIAN_DATA := ragout-examples gbrowse-data r-cran-mlbench
 data-deps: $(STAMP)
-	$(PY) zoo/data/debian.py $(DEBIAN_DATA)
+	$(PY) zoo/data/_debian.py $(DEBIAN_DATA)
 
 test: $(STAMP) data-deps
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
@@ -56,7 +56,7 @@ $(TORCH_VENV)/.zoo-installed: pyproject.toml
 	touch $@
 
 test-torch: $(TORCH_VENV)/.zoo-installed
-	$(TORCH_VENV)/bin/python zoo/data/debian.py $(DEBIAN_DATA)
+	$(TORCH_VENV)/bin/python zoo/data/_debian.py $(DEBIAN_DATA)
 	$(TORCH_VENV)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	VENV=$(TORCH_VENV) $(TORCH_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 

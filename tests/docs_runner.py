@@ -39,11 +39,9 @@ def _preload() -> None:
     import timm  # noqa: F401
     import torch  # noqa: F401
 
-    import zoo.convert
-    import zoo.engine
-    import zoo.evaluation
-    import zoo.predict
-    import zoo.pretrained  # noqa: F401
+    import zoo.convert.model
+    import zoo.evaluate
+    import zoo.hub.load  # noqa: F401
     import zoo_bench.leaderboard  # noqa: F401
 
     sys.path.remove(str(TOOLS))

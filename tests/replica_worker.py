@@ -1,4 +1,4 @@
-"""The worker of tests/test_replicas.py, launched by torchrun on two CPU processes: every shipped recipe
+"""The worker of tests/train/test_replicas.py, launched by torchrun on two CPU processes: every shipped recipe
 (recipes/*.yaml), shrunk to CPU size by overrides, trains a few steps through zoo's Trainer under each
 `train.distributed` strategy given, and the processes then compare their whole states, weights and buffers, entry
 by entry. All recipes and strategies run in this one launch, one after another, so that the suite pays torchrun's
@@ -29,10 +29,10 @@ import torch.distributed as dist
 from accelerate.utils import gather_object
 from helpers import reset_accelerate
 
-from zoo.data import debian
-from zoo.distributed import whole_state
-from zoo.engine import Trainer
-from zoo.recipe import Recipe, load_recipe
+from zoo.config import Recipe, load_recipe
+from zoo.data import _debian as debian
+from zoo.train.distributed import whole_state
+from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 import zoo
-from zoo.data import debian
+from zoo.data import _debian as debian
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

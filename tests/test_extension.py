@@ -22,15 +22,16 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAccuracy
 
 import zoo
-from zoo import model_kinds, tasks
+from zoo import kinds as model_kinds
+from zoo import tasks
+from zoo.config import recipe_from_dict
 from zoo.data import _registry as data_registry
 from zoo.data import register_dataset
-from zoo.engine import Trainer
-from zoo.evaluation import evaluate
-from zoo.model_kinds import KindOptions, ModelKind, register_model_kind
-from zoo.models.heads import ClassificationHead
-from zoo.recipe import recipe_from_dict
+from zoo.evaluate import evaluate
+from zoo.kinds import KindOptions, ModelKind, register_model_kind
 from zoo.tasks import HeadSpec, Task, register_task
+from zoo.tasks.heads import ClassificationHead
+from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_network")

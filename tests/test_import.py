@@ -26,7 +26,7 @@ def test_import_zoo_loads_neither_the_benchmark_nor_matplotlib():
 
 def test_no_zoo_module_imports_matplotlib_at_top_level():
     # plots import matplotlib inside the function that draws them (read from the source: torchmetrics, which
-    # zoo.metrics imports, loads matplotlib by itself whenever it is installed)
+    # zoo.tasks.metrics imports, loads matplotlib by itself whenever it is installed)
     top_level = []
     for path in sorted((ROOT / "zoo").rglob("*.py")):
         for node in ast.parse(path.read_text()).body:

@@ -29,8 +29,8 @@ CHILD = """
 import importlib, importlib.util, json, pkgutil, sys
 import zoo
 from zoo.data import list_datasets
-from zoo.engine import build_split
-from zoo.recipe import load_recipe
+from zoo.train.loop import build_split
+from zoo.config import load_recipe
 
 absent, needs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 blocked = {}

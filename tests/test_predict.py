@@ -16,14 +16,14 @@ from helpers import reset_accelerate
 from PIL import Image
 
 import zoo
-from zoo.data import debian
-from zoo.data.forecast import ForecastWindows
-from zoo.data.megamnist import MegaMNIST
-from zoo.data.nucleotides import DNATokenizer, encode_nucleotides
-from zoo.data.timeseries import CsvSeriesDataset
-from zoo.engine import Trainer
+from zoo.config import load_recipe, recipe_from_dict
+from zoo.data import _debian as debian
+from zoo.data.dna.nucleotides import DNATokenizer, encode_nucleotides
+from zoo.data.images.megamnist import MegaMNIST
+from zoo.data.series.classification import CsvSeriesDataset
+from zoo.data.series.forecast import ForecastWindows
 from zoo.predict import image_loader, predict, write_predictions
-from zoo.recipe import load_recipe, recipe_from_dict
+from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("no_network")

@@ -18,8 +18,8 @@ import argparse
 from pathlib import Path
 
 from zoo.cli import add_overrides, run_cli
-from zoo.convert_run import convert_run
-from zoo.recipe import load_recipe
+from zoo.config import load_recipe
+from zoo.convert.run import convert_run
 
 
 def parse_args() -> argparse.Namespace:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from zoo.cli import log_to, run_cli
-from zoo.evaluation import evaluate
+from zoo.evaluate import evaluate
 
 
 def parse_args() -> argparse.Namespace:

@@ -23,8 +23,8 @@ import sys
 import yaml
 
 from zoo.cli import add_overrides, run_cli
+from zoo.hub.load import CHECKPOINTS, load_model
 from zoo.predict import format_of, predict, write_predictions
-from zoo.pretrained import CHECKPOINTS, load_model
 
 
 def parse_args() -> argparse.Namespace:

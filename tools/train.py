@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 from zoo.cli import add_overrides, log_to, run_cli
-from zoo.engine import Trainer, find_checkpoint
-from zoo.recipe import load_recipe
+from zoo.config import load_recipe
+from zoo.train.loop import Trainer, find_checkpoint
 
 
 def parse_args() -> argparse.Namespace:

@@ -9,8 +9,8 @@ from .attention import (
     on_optimizer_step,
     register_attention,
 )
+from .hub.load import WeightsError, load_model, push_to_hub, save_pretrained
 from .models import create_model, load_timm_weights
-from .pretrained import WeightsError, load_model, push_to_hub, save_pretrained
 
 __all__ = [
     "AttentionBase",

@@ -1,11 +1,11 @@
 """Predictions of a loaded model (`zoo.load_model`) on new files: images, FASTA, CSV and .ts series.
 
-`predict(model, inputs)` reads what the model's run was trained on (`model.zoo_run`, see `zoo.runs`; a ViT saved by
+`predict(model, inputs)` reads what the model's run was trained on (`model.zoo_run`, see `zoo.hub.runs`; a ViT saved by
 `save_pretrained` reads images):
 
 - images: files, or folders searched recursively for image files; read by `image_loader(model)`: decoded by
-  `zoo.data.images.open_image` (any bit depth, palette, alpha), then resized, cropped and normalised by timm's eval
-  transform of the model's `pretrained_cfg` (`timm.data.resolve_data_config(model=model)`): one row per image;
+  `zoo.data.images.decode.open_image` (any bit depth, palette, alpha), then resized, cropped and normalised by timm's
+  eval transform of the model's `pretrained_cfg` (`timm.data.resolve_data_config(model=model)`): one row per image;
 - FASTA files (a folder: its FASTA files): each record cut as the run's data was (`window`, `stride`; a set without
   windows: the record whole, cut at its `max_length`): one row per window, or for a per-position task one row per
   nucleotide with its label;
@@ -42,10 +42,10 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ._validate import check_int, first_line
-from .data.fasta import _is_fasta
-from .data.images import ImageError, open_image
-from .data.nucleotides import DNATokenizer, read_fasta
-from .data.sequence import PadCollate, window_starts
+from .data.collate import PadCollate, window_starts
+from .data.dna.fasta import _is_fasta
+from .data.dna.nucleotides import DNATokenizer, read_fasta
+from .data.images.decode import ImageError, open_image
 from .tasks import Task, get_task, list_tasks
 
 __all__ = ["READ_OPTIONS", "ImageLoader", "Predictions", "image_loader", "predict", "write_predictions"]
@@ -233,8 +233,8 @@ def _image_suffixes() -> set[str]:
 
 
 class ImageLoader:
-    """An image file -> the model's input `[c, h, w]`: `zoo.data.images.open_image` (16-bit values scaled by their
-    bit depth, alpha composited on black, palette and CMYK converted, the first frame, the EXIF orientation), then
+    """An image file -> the model's input `[c, h, w]`: `zoo.data.images.decode.open_image` (16-bit values scaled by
+    their bit depth, alpha composited on black, palette and CMYK converted, the first frame, the EXIF orientation), then
     timm's eval transform of the model's `pretrained_cfg` (resize, centre crop, normalise). `config`: timm's
     `resolve_data_config(model=model)`; `mode`: `RGB`, or `L` for a one-channel model."""
 
@@ -333,7 +333,7 @@ def _as_sample(values: np.ndarray, inputs: Mapping[str, Any]) -> tuple[Tensor, T
 def _series_of_file(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
     """One item per series: a .ts case `[c, n]`, or a CSV row (the label column left out) `[1, n]`."""
     from .data._tables import apply_nan_policy, parse_cells, read_table
-    from .data.timeseries import read_ts
+    from .data.series.classification import read_ts
 
     if path.suffix.lower() == ".ts":
         for number, series in enumerate(read_ts(path, nan=inputs.get("nan", "error"), fix=_NAN_FIX).series, start=1):

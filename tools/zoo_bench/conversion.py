@@ -30,12 +30,12 @@ from accelerate.utils import set_seed
 
 from zoo import load_model
 from zoo.cli import run_cli
-from zoo.convert import finetune
-from zoo.convert_run import ImagePairs, convert_run
-from zoo.engine import Trainer, build_loader, build_split
-from zoo.evaluation import evaluate
-from zoo.model_kinds import get_model_kind, sizes_of
-from zoo.recipe import Recipe, load_recipe
+from zoo.config import Recipe, load_recipe
+from zoo.convert.model import finetune
+from zoo.convert.run import ImagePairs, convert_run
+from zoo.evaluate import evaluate
+from zoo.kinds import get_model_kind, sizes_of
+from zoo.train.loop import Trainer, build_loader, build_split
 
 from .machine import REPO_ROOT as ROOT
 from .machine import device_name, shown_path, versions
@@ -151,7 +151,7 @@ def run_variant(settings: Settings, teacher: Path, recipe: Recipe, name: str) ->
 
 def _has_own_parameters(recipe: Recipe) -> bool:
     """Whether the recipe's attention has parameters of its own (stage 1 trains them)."""
-    from zoo.convert import attention_parameters
+    from zoo.convert.model import attention_parameters
 
     kind = get_model_kind(recipe.model.kind)
     sizes = sizes_of(recipe, build_split(recipe, "train"))

@@ -456,8 +456,8 @@ def _bench_line(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _train_record(recipe_path: str, overrides: tuple[str, ...], steps: tuple[int, int]) -> dict[str, Any]:
-    from zoo.engine import Trainer
-    from zoo.recipe import load_recipe
+    from zoo.config import load_recipe
+    from zoo.train.loop import Trainer
 
     recipe = load_recipe(REPO_ROOT / recipe_path, list(overrides))
     batch_size = recipe.data.batch_size

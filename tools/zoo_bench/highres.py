@@ -25,10 +25,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from zoo._sizes import ModelSizes
 from zoo._validate import check_int
 from zoo.cli import run_cli
-from zoo.recipe import load_recipe, recipe_to_dict
+from zoo.config import load_recipe, recipe_to_dict
+from zoo.data._sizes import ModelSizes
 
 from .leaderboard import run_child, train_and_test
 from .machine import REPO_ROOT as ROOT
@@ -65,7 +65,7 @@ def step_time(recipe_path: Path, layout: str, img_size: int, steps: int, threads
     """One training step of `layout`'s model at `img_size` px, batch 1 -> median seconds and the peak RSS."""
     import torch
 
-    from zoo.model_kinds import get_model_kind
+    from zoo.kinds import get_model_kind
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

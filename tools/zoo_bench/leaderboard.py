@@ -39,7 +39,7 @@ import torch
 
 from zoo._validate import check_int
 from zoo.attention import get_attention, list_attentions
-from zoo.recipe import load_recipe, recipe_to_dict
+from zoo.config import load_recipe, recipe_to_dict
 
 from .machine import default_device, device_name, shown_path, versions
 
@@ -152,7 +152,7 @@ def _reason(log: Path, returncode: int) -> dict[str, str]:
     oom = returncode == -signal.SIGKILL or any(
         sign in text for sign in ("out of memory", "can't allocate memory", "outofmemoryerror", "memoryerror")
     )
-    # the engine stops a run whose loss turns NaN or infinite (zoo.engine.NonFiniteError)
+    # the engine stops a run whose loss turns NaN or infinite (zoo.train.loop.NonFiniteError)
     status = "oom" if oom else "nan" if "non-finite loss" in text else "error"
     return {"status": status, "message": message[:500]}
 

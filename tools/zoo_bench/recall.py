@@ -35,7 +35,7 @@ import yaml
 
 from zoo._validate import check_int
 from zoo.attention import attention_options, get_attention
-from zoo.recipe import load_recipe, recipe_to_dict
+from zoo.config import load_recipe, recipe_to_dict
 
 from .leaderboard import protocol, train_and_test
 from .machine import default_device, versions

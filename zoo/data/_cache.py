@@ -1,6 +1,6 @@
 """zoo's on-disk caches: where they live, writes that readers never see half done, and a lock for builders.
 
-Standard library only (numpy is imported where an array is written): ``zoo/data/debian.py`` imports this file
+Standard library only (numpy is imported where an array is written): ``zoo/data/_debian.py`` imports this file
 when the Makefile runs it as a script, outside the package.
 """
 

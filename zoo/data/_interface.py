@@ -3,8 +3,8 @@
 A split is a `torch.utils.data.Dataset` (`__len__`, `__getitem__`; samples as ``zoo.data._registry`` describes
 them). Besides its samples, a split may carry the attributes of `TrainingSplit`; each is optional, a set defines
 those that apply to it. A run reads them once, from its training split, when it starts: the model's sizes
-(`zoo._sizes.ModelSizes`) and how its inputs were read (`zoo.runs.describe_model`, which `zoo.predict` reads back).
-Nothing else reads a dataset's attributes: `split_attribute` is the only reader.
+(`zoo.data._sizes.ModelSizes`) and how its inputs were read (`zoo.hub.runs.describe_model`, which `zoo.predict` reads
+back). Nothing else reads a dataset's attributes: `split_attribute` is the only reader.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Any, Protocol
 
 from torch.utils.data import Dataset
 
-__all__ = ["ATTRIBUTES", "TrainingSplit", "sequence_length", "split_attribute"]
+__all__ = ["ATTRIBUTES", "IGNORE_INDEX", "TrainingSplit", "sequence_length", "split_attribute"]
+
+# the label of a position nothing is asked of (padding, unlabelled tokens); torch's cross-entropy default
+IGNORE_INDEX = -100
 
 
 class TrainingSplit(Protocol):

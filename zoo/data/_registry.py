@@ -19,7 +19,7 @@ model's image size) comes in the ``DataContext``. Neither the recipe nor the eng
 
 What a sample holds depends on the kind: ``image`` sets give ``(image [c, h, w] float32, label int)`` pairs
 (batched as ``{"image", "label"}``); ``dna``, ``series`` and ``tokens`` sets give dicts (``tokens`` or ``values``,
-``mask``, and ``label`` / ``labels`` / ``target``, see ``zoo.data.sequence``) that ``PadCollate`` pads; a
+``mask``, and ``label`` / ``labels`` / ``target``, see ``zoo.data.collate``) that ``PadCollate`` pads; a
 ``tokens`` set has a ``vocab_size`` attribute. A dataset object may define ``baselines(train_set)`` returning
 ``{name: {metric: value}}``, the scores of simple rules that ``tools/eval.py`` reports beside the model's.
 """
@@ -37,7 +37,7 @@ from torch.utils.data import Dataset, default_collate
 
 from .._registry import Registry
 from .._validate import did_you_mean
-from .sequence import PadCollate
+from .collate import PadCollate
 
 __all__ = [
     "DEFAULT_NUM_SAMPLES",
@@ -55,7 +55,7 @@ __all__ = [
 # tokens (integer `tokens` from a dataset's own vocabulary, e.g. ListOps, Pathfinder pixels)
 INPUT_KINDS = ("image", "dna", "series", "tokens")
 RootUse = Literal["required", "optional", "none"]
-# data.train_samples / val_samples / test_samples when a recipe leaves them out (zoo.recipe's DataConfig defaults):
+# data.train_samples / val_samples / test_samples when a recipe leaves them out (zoo.config's DataConfig defaults):
 # a generated set makes that many items, a set of your files keeps every item unless a recipe asks for another count
 DEFAULT_NUM_SAMPLES = {"train": 10000, "val": 1000, "test": 1000}
 _SPLITS = ("train", "val", "test")

@@ -1,9 +1,9 @@
 """Backbones: timm Vision Transformers with any zoo attention, the 1-D sequence model, and their parts."""
 
+from ..tasks.heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
 from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class
 from .embeddings import KmerEmbedding, PatchEmbedding, RevIN, TokenEmbedding
 from .generation import generate, supports_recurrent
-from .heads import ClassificationHead, ForecastHead, LanguageModelHead, TokenClassificationHead
 from .sequence import (
     INPUTS,
     POSITIONS,

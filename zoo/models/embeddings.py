@@ -4,7 +4,7 @@
 - k-mers: every window of `k` bases is one of `4**k` tokens plus specials (a window holding N, a special or
   padding within the sequence is the last id, "other"), as in DNABERT (Ji et al. 2021,
   https://doi.org/10.1093/bioinformatics/btab083).
-  Both vocabularies are those of `zoo.data.dna.DNATokenizer` (k = 1 and k > 1).
+  Both vocabularies are those of `zoo.data.dna.packaged.DNATokenizer` (k = 1 and k > 1).
 - Time series by patching: "A Time Series is Worth 64 Words" (PatchTST, Nie et al. 2023),
   https://arxiv.org/abs/2211.14730; channel-independent (each channel its own sequence, weights shared) or
   channel-mixing (a patch is all channels' steps concatenated).
@@ -48,7 +48,7 @@ __all__ = [
     "sinusoidal_positions",
 ]
 
-# Nucleotide vocabulary, ids = positions in this tuple, as `zoo.data.dna` (PAD_ID, CLS_ID, MASK_ID = 0, 1, 2).
+# Nucleotide vocabulary, ids = positions in this tuple, as `zoo.data.dna.packaged` (PAD_ID, CLS_ID, MASK_ID = 0, 1, 2).
 # Another layout works too: every embedding takes `vocab_size`, `pad_id` and the ids of A, C, G, T as arguments.
 DNA_TOKENS = ("<pad>", "<cls>", "<mask>", "A", "C", "G", "T", "N")
 DNA_PAD, DNA_CLS, DNA_MASK = 0, 1, 2
@@ -95,7 +95,7 @@ class KmerEmbedding(nn.Module):
 
     `n = ceil(max(l - k, 0) / stride) + 1`; the last window is completed with padding. A window is kept when any
     of its bases is kept; a kept window holding N, a special or a padded base is "other" (`other_id`). Unlike
-    `zoo.data.dna.DNATokenizer`, which drops a tail shorter than k, the tail becomes one more window.
+    `zoo.data.dna.packaged.DNATokenizer`, which drops a tail shorter than k, the tail becomes one more window.
     """
 
     def __init__(

@@ -47,7 +47,7 @@ from .embeddings import (
     rotary_tables,
     sinusoidal_positions,
 )
-from .heads import POOLS, AttentionPool, masked_mean
+from .pooling import POOLS, AttentionPool, masked_mean
 
 __all__ = [
     "INPUTS",

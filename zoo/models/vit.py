@@ -69,7 +69,7 @@ class ZooVisionTransformer(VisionTransformer):
     `expansion`); `ff_chunks`: the MLP runs over that many checkpointed chunks of the sequence (see
     `zoo.models.blocks`); `stem`: `patch` (timm's patchify convolution) or `conv` (`zoo.models.stems`).
     Parameter names are timm's whatever the attention, so timm checkpoints load. `zoo_args` records every
-    construction argument, the attention and block choices included (`zoo.pretrained.model_args` rebuilds from it).
+    construction argument, the attention and block choices included (`zoo.hub.load.model_args` rebuilds from it).
 
     Variants that attend on the patch grid (`needs_grid`) get `grid_size` from the patch embedding and
     `num_prefix_tokens` from the model. With `dynamic_img_size=True` a forward pre-hook on `patch_embed` (where
@@ -121,7 +121,7 @@ class ZooVisionTransformer(VisionTransformer):
         )  # fmt: skip
         assert tuple(self.patch_embed.grid_size) == grid and self.num_prefix_tokens == prefix, "grid mismatch"
         # The one record of the construction: the keyword arguments of create_model(architecture, ...) that rebuild
-        # this model (save_pretrained; zoo.convert.swap_attention updates its attention entries).
+        # this model (save_pretrained; zoo.convert.model.swap_attention updates its attention entries).
         self.zoo_args = {
             "attention": attention, "attention_options": dict(attention_options or {}), "global_blocks": layout,
             "global_attention": global_attention, "global_attention_options": dict(global_attention_options or {}),
@@ -130,7 +130,7 @@ class ZooVisionTransformer(VisionTransformer):
             "class_token": class_token, "reg_tokens": reg_tokens, "dynamic_img_pad": dynamic_img_pad, **kwargs,
         }  # fmt: skip
         if self.dynamic_img_size:
-            # Also when no block needs the grid yet: an attention swapped in later (zoo.convert) gets it too.
+            # Also when no block needs the grid yet: an attention swapped in later (zoo.convert.model) gets it too.
             self.patch_embed.register_forward_pre_hook(self._grid_from_input)
 
     def _grid_attentions(self) -> list[nn.Module]:
@@ -275,13 +275,27 @@ def _load_pretrained_weights(model: ZooVisionTransformer) -> None:
         raise RuntimeError(_hub_failure(model.pretrained_cfg["architecture"], error)) from None
 
 
+def per_channel(name: str, values: Sequence[float], in_chans: int) -> list[float]:
+    """`values` (a mean or std) for `in_chans` channels: as they are, one repeated, or three averaged into one."""
+    values = [float(v) for v in values]
+    if len(values) == in_chans:
+        return values
+    if len(values) == 1:
+        return values * in_chans
+    if len(values) == 3 and in_chans == 1:
+        # the convention of zoo.data's image folders: one channel gets the mean of the three
+        return [sum(values) / 3]
+    raise ValueError(
+        f"{name} has {len(values)} values for a model of {in_chans} input channels: pass "
+        f"data_config={{'{name}': [...]}} with 1 or {in_chans} values"
+    )
+
+
 def _report_own_input(model: ZooVisionTransformer) -> None:
     """timm keeps the architecture's `input_size` (3, 224, 224) in `pretrained_cfg` whatever size the model was
     built for, so `timm.data.resolve_data_config(model=model)` would shrink every image to 224 px for a 1024-px
     model: the model's own channels and size go there instead, with a mean and std per channel, as a loaded run
-    records them (`zoo.pretrained`). A cfg that already agrees (a loaded run's) is left as it is."""
-    from ..pretrained import _per_channel
-
+    records them (`zoo.hub.load`). A cfg that already agrees (a loaded run's) is left as it is."""
     cfg, in_chans = dict(model.pretrained_cfg), model.zoo_args.get("in_chans", 3)
     size = (in_chans, *model.patch_embed.img_size)
     if tuple(cfg.get("input_size", ())) != size:
@@ -289,7 +303,7 @@ def _report_own_input(model: ZooVisionTransformer) -> None:
     cfg["fixed_input_size"] = not model.dynamic_img_size
     for key in ("mean", "std"):
         if key in cfg and len(cfg[key]) != in_chans:
-            cfg[key] = tuple(_per_channel(key, cfg[key], in_chans))
+            cfg[key] = tuple(per_channel(key, cfg[key], in_chans))
     model.pretrained_cfg = model.default_cfg = cfg
 
 

@@ -1,0 +1,196 @@
+"""Converting a softmax ViT: attention swap at a new resolution, stage 1 (attention transfer), stage 2 (fine-tuning)."""
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed
+
+import zoo
+from zoo.attention.hedgehog import HedgehogAttention
+from zoo.convert.model import attention_mse, attention_parameters, finetune, swap_attention, transfer_attention
+
+CLASSES = 3
+
+
+def spiky_teacher(**overrides) -> torch.nn.Module:
+    """A tiny softmax ViT at 32 px (16 tokens) whose qkv weights are scaled up, so its attention is as peaked as a
+    trained model's (timm's 0.02-std initialisation gives near-uniform attention that any variant matches)."""
+    torch.manual_seed(0)
+    options = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 64, "num_heads": 2, "num_classes": CLASSES}
+    teacher = zoo.create_model("vit_tiny_patch16_224", attention="softmax", **{**options, **overrides})
+    with torch.no_grad():
+        for block in teacher.blocks:
+            torch.nn.init.normal_(block.attn.qkv.weight, std=4 * 64**-0.5)
+    return teacher.eval()
+
+
+def images(count: int = 4, size: int = 64, batch: int = 8) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(batch, 3, size, size, generator=generator) for _ in range(count)]
+
+
+def test_swap_copies_every_timm_weight_at_the_target_resolution():
+    teacher = spiky_teacher(qkv_bias=True)
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
+    assert all(isinstance(block.attn, HedgehogAttention) for block in student.blocks)
+    assert (student.zoo_args["attention"], student.zoo_args["attention_options"]) == ("hedgehog", {"feature_dim": 32})
+    assert tuple(student.patch_embed.img_size) == (64, 64)
+    expected_pos = resample_abs_pos_embed(teacher.pos_embed, new_size=(8, 8), old_size=(4, 4), num_prefix_tokens=1)
+    torch.testing.assert_close(student.pos_embed, expected_pos)
+    state = student.state_dict()
+    own = set(attention_parameters(student))
+    assert own == {f"blocks.{i}.attn.feature_map_{x}" for i in range(2) for x in "qk"}
+    for key, value in teacher.state_dict().items():
+        if key != "pos_embed":
+            assert torch.equal(state[key], value), key
+    assert set(state) - set(before) == own
+    # the teacher is untouched
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert student(images(1)[0]).shape == (8, CLASSES)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"qk_norm": True, "qkv_bias": True}])
+def test_swapping_to_softmax_reproduces_the_teacher(overrides):
+    # Every copied weight and norm (eps included) is used as the teacher uses it.
+    teacher = spiky_teacher(**overrides)
+    x = images(1, size=32)[0]
+    torch.testing.assert_close(swap_attention(teacher, "softmax")(x), teacher(x))
+    resized = swap_attention(teacher, "softmax", img_size=64)
+    teacher.set_input_size(img_size=(64, 64))
+    torch.testing.assert_close(resized(images(1)[0]), teacher(images(1)[0]))
+
+
+def test_swap_errors_name_the_value():
+    teacher = spiky_teacher()
+    with pytest.raises(ValueError, match="'hedgehgo'.*did you mean 'hedgehog'"):
+        swap_attention(teacher, "hedgehgo")
+    with pytest.raises(ValueError, match="no option 'feature_dims'"):
+        swap_attention(teacher, "hedgehog", {"feature_dims": 8})
+    with pytest.raises(ValueError, match="img_size=-3"):
+        swap_attention(teacher, "hedgehog", img_size=-3)
+    gau = zoo.create_model(
+        "vit_tiny_patch16_224",
+        attention="gau",
+        block="gau",
+        img_size=32,
+        patch_size=8,
+        depth=1,
+        embed_dim=64,
+        num_heads=1,
+        attention_options={"group_size": 8},
+    )
+    with pytest.raises(TypeError, match="GAU"):
+        swap_attention(gau, "hedgehog")
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window):
+    teacher = spiky_teacher()
+    teacher_state = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 64, "window": window}, img_size=64)
+    student.train()
+    batches = images()
+    before = attention_mse(teacher, student, batches)
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    report = transfer_attention(teacher, student, batches, steps=80, lr=1e-2)
+    after = attention_mse(teacher, student, batches)
+    # measured: about 0.55x per block (window 0) and 0.45x (window 8) after 80 steps
+    assert all(a < 0.7 * b for a, b in zip(after, before, strict=True)), (before, after)
+    assert not report.skipped and report.steps == 80 and len(report.losses) == 80
+    assert report.losses[-1] < report.losses[0]
+    own = set(attention_parameters(student))
+    assert set(report.parameters) == own and ({"blocks.0.attn.window_factor"} <= own) == bool(window)
+    for key, value in student.state_dict().items():
+        assert torch.equal(value, start[key]) != (key in own), key
+    # flags, mode and the teacher come back as they were
+    assert all(p.requires_grad for p in student.parameters()) and student.training
+    assert all(torch.equal(teacher_state[k], v) for k, v in teacher.state_dict().items())
+
+
+@pytest.mark.parametrize("name,own", [("linear", []), ("performer", []), ("nystrom", ["conv.weight"])])
+def test_own_parameters_of_other_variants(name, own):
+    student = swap_attention(spiky_teacher(), name, img_size=64)
+    names = sorted({key.split(".attn.")[1] for key in attention_parameters(student)})
+    assert names == own
+
+
+def test_a_variant_without_parameters_of_its_own_skips_stage1():
+    teacher = spiky_teacher()
+    student = swap_attention(teacher, "linear", img_size=64)
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    report = transfer_attention(teacher, student, images(), steps=10)
+    assert report.skipped and report.steps == 0 and report.losses == []
+    assert all(torch.equal(start[k], v) for k, v in student.state_dict().items())
+
+
+def _labelled(batches: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(2)
+    return [(x, torch.randint(0, CLASSES, (x.shape[0],), generator=generator)) for x in batches]
+
+
+def _task_loss(model: torch.nn.Module, batch) -> float:
+    model.eval()
+    with torch.no_grad():
+        return F.cross_entropy(model(batch[0]), batch[1]).item()
+
+
+def test_stage2_changes_the_weights_and_lowers_the_task_loss():
+    student = swap_attention(spiky_teacher(), "hedgehog", {"feature_dim": 32}, img_size=64)
+    batch = _labelled(images(1))[0]
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    before = _task_loss(student, batch)
+    report = finetune(student, [batch], steps=30, lr=1e-3)
+    assert report.steps == 30 and report.distill_losses == []
+    assert _task_loss(student, batch) < 0.5 * before
+    changed = {k for k, v in student.state_dict().items() if not torch.equal(v, start[k])}
+    assert {"head.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc1.weight", "pos_embed"} <= changed
+    assert student.training is False  # the mode it had before (set by _task_loss)
+
+
+def test_stage2_distils_the_teachers_logits():
+    teacher = spiky_teacher()
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
+    batch = _labelled(images(1))[0]
+    # distill_weight=1: the teacher's logits are the only target
+    report = finetune(student, [batch], steps=30, lr=1e-3, teacher=teacher, distill_weight=1.0, temperature=2.0)
+    assert len(report.distill_losses) == 30
+    assert report.distill_losses[-1] < 0.5 * report.distill_losses[0]
+    torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(report.distill_losses))
+
+
+def test_stage2_checks_its_arguments():
+    student = swap_attention(spiky_teacher(), "linear", img_size=64)
+    with pytest.raises(ValueError, match="targets"):
+        finetune(student, images(1), steps=1)
+    with pytest.raises(ValueError, match="distill_weight=1.5"):
+        finetune(student, _labelled(images(1)), steps=1, distill_weight=1.5)
+    with pytest.raises(ValueError, match="schedule='linear'"):
+        finetune(student, _labelled(images(1)), steps=1, schedule="linear")
+    with pytest.raises(ValueError, match="gave nothing"):
+        finetune(student, [], steps=1)
+
+
+def test_lora_without_peft_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError, installed or not
+    student = swap_attention(spiky_teacher(), "linear", img_size=64)
+    with pytest.raises(ImportError, match="pip install peft"):
+        finetune(student, _labelled(images(1)), steps=1, lora_rank=4)
+
+
+def test_lora_trains_adapters_on_qkv_and_proj_and_merges_them():
+    pytest.importorskip("peft")
+    student = swap_attention(spiky_teacher(), "hedgehog", {"feature_dim": 32}, img_size=64)
+    batch = _labelled(images(1))[0]
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    before = _task_loss(student, batch)
+    report = finetune(student, [batch], steps=30, lr=3e-3, lora_rank=4)
+    assert report.lora_rank == 4 and _task_loss(student, batch) < 0.5 * before
+    # merged back: the same plain timm model, only the adapted weights and the classifier changed
+    assert type(student).__name__ == "VisionTransformer" and set(student.state_dict()) == set(start)
+    changed = {k for k, v in student.state_dict().items() if not torch.equal(v, start[k])}
+    adapted = {f"blocks.{i}.attn.{m}.weight" for i in range(2) for m in ("qkv", "proj")}
+    assert changed == adapted | {"head.weight", "head.bias"}
+    assert all(p.requires_grad for p in student.parameters())

@@ -1,0 +1,131 @@
+"""tools/convert.py end to end: a locally made timm checkpoint (a random timm ViT saved with safetensors) converted
+to hedgehog at 4x the tokens on MegaMNIST, and the result read by tools/eval.py, zoo.predict and zoo.load_model;
+a run directory as the teacher; one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64 px)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from helpers import reset_accelerate
+from safetensors.torch import save_file
+
+import zoo
+from zoo.config import load_recipe
+from zoo.convert.run import convert_run
+from zoo.evaluate import evaluate
+from zoo.train.loop import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("no_network")
+
+SIZES = {"embed_dim": 32, "depth": 2, "num_heads": 2, "patch_size": 8}
+RECIPE = {
+    "name": "tiny",
+    "seed": 1,
+    "model": {"name": "vit_tiny_patch16_224", "img_size": 32, **SIZES, "attention": {"name": "softmax"}},
+    "data": {
+        "name": "megamnist",
+        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
+        "train_samples": 16,
+        "val_samples": 8,
+        "test_samples": 8,
+        "batch_size": 8,
+        "num_workers": 0,
+    },
+    "train": {"epochs": 1, "mixed_precision": "no"},
+}
+AT_64 = ["model.img_size=64", "data.options.canvas_size=64"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("convert")
+    torch.manual_seed(0)
+    timm_vit = timm.create_model("vit_tiny_patch16_224", img_size=32, **SIZES)
+    save_file(timm_vit.state_dict(), folder / "vit.safetensors")
+    (folder / "tiny.yaml").write_text(yaml.safe_dump(RECIPE))
+    return {"weights": folder / "vit.safetensors", "recipe": folder / "tiny.yaml", "folder": folder}
+
+
+def run_tool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
+    run_dir = tmp_path / "hedgehog"
+    proc = run_tool(
+        "tools/convert.py", files["weights"], files["recipe"], "--attention", "hedgehog", "--img-size", "64",
+        "--set", "data.options.canvas_size=64", "--stage1-steps", "2", "--stage2-steps", "2", "--output", run_dir,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "val after stage2: " in proc.stdout
+    recipe = load_recipe(run_dir / "recipe.yaml")
+    assert recipe.model.attention.name == "hedgehog" and recipe.model.img_size == 64
+    stages = [json.loads(line)["stage"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert stages == ["swap", "stage1", "stage2"]
+    summary = json.loads((run_dir / "conversion.json").read_text())
+    assert summary["stage1"]["steps"] == 2 and len(summary["stage1"]["losses"]) == 2
+    assert summary["stage2"]["steps"] == 2 and summary["stage2"]["distill_losses"] == []
+    # tools/eval.py's path and zoo.load_model read the run as a trained one
+    reset_accelerate()
+    assert evaluate(run_dir, split="test")["metrics"]["samples"] == 8
+    model = zoo.load_model(run_dir)
+    assert [type(b.attn).attention_name for b in model.blocks] == ["hedgehog", "hedgehog"]
+    assert model.pretrained_cfg["input_size"] == (1, 64, 64)
+    from zoo.predict import predict
+
+    image = tmp_path / "canvas.png"
+    from PIL import Image
+
+    Image.new("L", (64, 64), 0).save(image)
+    rows = predict(model, [image], top_k=3).rows
+    assert len(rows) == 1 and len(rows[0]["classes"]) == 3
+
+
+def test_the_teacher_weights_reach_the_student_and_stage_one_trains_only_the_feature_maps(files):
+    reset_accelerate()
+    recipe = load_recipe(files["recipe"], ["model.attention={name: hedgehog}", *AT_64])
+    result = convert_run(files["weights"], recipe, stage1_steps=3, stage2_steps=0, eval_split=None)
+    teacher, student = result.teacher.state_dict(), result.student.state_dict()
+    assert not result.transfer.skipped and len(result.transfer.losses) == 3
+    assert set(result.transfer.parameters) == {f"blocks.{i}.attn.feature_map_{x}" for i in range(2) for x in "qk"}
+    for key, value in teacher.items():
+        if not key.startswith("head"):
+            assert torch.equal(student[key], value), key
+    assert tuple(result.student.patch_embed.img_size) == (64, 64)
+
+
+def test_a_run_directory_is_a_teacher_and_distils_its_logits(files, tmp_path):
+    reset_accelerate()
+    teacher_run = tmp_path / "teacher"
+    Trainer(load_recipe(files["recipe"]), teacher_run).fit()
+    reset_accelerate()
+    recipe = load_recipe(files["recipe"], ["model.attention={name: linear}", *AT_64])
+    result = convert_run(
+        teacher_run, recipe, stage1_steps=2, stage2_steps=2, eval_split="val", run_dir=tmp_path / "run"
+    )
+    # linear attention has no parameters of its own: stage 1 is skipped, stage 2 distils the teacher
+    assert result.transfer.skipped and list(result.metrics) == ["swap", "stage2"]
+    assert len(result.finetune.distill_losses) == 2
+    images = torch.rand(2, 1, 64, 64)
+    torch.testing.assert_close(zoo.load_model(tmp_path / "run")(images), result.student(images))
+
+
+def test_what_cannot_be_converted_is_a_one_line_error(files, tmp_path):
+    wide = tmp_path / "wide.safetensors"
+    save_file(timm.create_model("vit_tiny_patch16_224", img_size=32, **{**SIZES, "embed_dim": 64}).state_dict(), wide)
+    proc = run_tool("tools/convert.py", wide, files["recipe"], "--attention", "hedgehog", "--output", tmp_path / "x")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "wide.safetensors" in proc.stderr and "64" in proc.stderr.splitlines()[-1]
+    splice = ROOT / "recipes" / "splice_quick.yaml"
+    with pytest.raises(ValueError, match="converts ViTs; the recipe's model.kind is 'sequence'"):
+        convert_run(files["weights"], load_recipe(splice), stage1_steps=0, stage2_steps=0)
+    with pytest.raises(FileNotFoundError, match="teacher .*missing.safetensors does not exist"):
+        convert_run(tmp_path / "missing.safetensors", load_recipe(files["recipe"]), stage1_steps=0, stage2_steps=0)

@@ -1,0 +1,340 @@
+"""Checkpoints that prove they are whole: manifests, damaged and foreign checkpoints, non-finite losses and weights,
+and a training process killed ten times over (during saves too) that still ends with the uninterrupted weights."""
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from helpers import reset_accelerate, tiny_vit_recipe, with_sections
+from safetensors.torch import load_file, save_file
+
+import zoo.train.loop
+from zoo.config import load_recipe
+from zoo.evaluate import evaluate
+from zoo.hub.checkpoints import MANIFEST_NAME, CheckpointError, find_checkpoint, read_manifest, verify_checkpoint
+from zoo.train.loop import NonFiniteError, Trainer
+
+TINY = tiny_vit_recipe(
+    model={"attention": {"name": "performer", "options": {"nb_features": 16, "redraw_interval": 2}}},
+    optim={"lr": 1e-3},
+    schedule={"warmup_steps": 2},
+    train={"epochs": 2, "log_every_steps": 1, "checkpoint_every_steps": 2},
+)
+
+
+def write_recipe(folder: Path, **train) -> Path:
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(with_sections(TINY, train=train)))
+    return path
+
+
+def fit(recipe: Path, run_dir: Path, resume: bool | str = False) -> Trainer:
+    reset_accelerate()
+    trainer = Trainer(load_recipe(recipe), run_dir, resume=resume)
+    trainer.fit()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """(recipe, run dir) of a finished tiny run: 12 steps, best and last checkpoints."""
+    folder = tmp_path_factory.mktemp("trained")
+    recipe = write_recipe(folder)
+    fit(recipe, folder / "run")
+    return recipe, folder / "run"
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> tuple[Path, Path]:
+    """A copy of the trained run that a test may damage."""
+    recipe, run_dir = trained
+    shutil.copytree(run_dir, tmp_path / "run")
+    return recipe, tmp_path / "run"
+
+
+def test_every_checkpoint_carries_a_manifest_of_its_files(trained):
+    _, run_dir = trained
+    for which in ("last", "best"):
+        folder = run_dir / "checkpoints" / which
+        manifest = verify_checkpoint(folder)
+        files = {p.name for p in folder.iterdir()} - {MANIFEST_NAME}
+        assert set(manifest["files"]) == files and {"model.safetensors", "optimizer.bin", "meta.json"} <= files
+        for name, entry in manifest["files"].items():
+            assert entry["size"] == (folder / name).stat().st_size and len(entry["sha256"]) == 64
+        assert manifest["model"]["model.attention.name"] == "performer"
+    assert read_manifest(run_dir / "checkpoints" / "last")["state"]["step"] == 12
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (
+            lambda f: _truncate(f / "model.safetensors"),
+            r"model\.safetensors has \d+ bytes, \d+ when saved \(truncated\)",
+        ),
+        (lambda f: (f / "optimizer.bin").unlink(), r"incomplete: optimizer\.bin is missing"),
+        (lambda f: _flip_a_byte(f / "optimizer.bin"), r"the content of optimizer\.bin changed"),
+        (lambda f: (f / MANIFEST_NAME).write_text("{not json"), r"manifest\.json is corrupt"),
+    ],
+    ids=["truncated", "missing", "altered", "bad-manifest"],
+)
+def test_resume_names_a_damaged_last_and_uses_best_only_when_asked(run, damage, message):
+    recipe, run_dir = run
+    damage(run_dir / "checkpoints" / "last")
+    with pytest.raises(CheckpointError, match=message) as info:
+        fit(recipe, run_dir, resume=True)
+    assert "checkpoints/last" in str(info.value) and "use it with --resume-from best" in str(info.value)
+    assert "\n" not in str(info.value)
+    resumed = fit(recipe, run_dir, resume="best")
+    assert resumed.state.step == 12
+    verify_checkpoint(run_dir / "checkpoints" / "last")
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: _truncate(f / "optimizer.bin"), r"checkpoints/last: cannot load the training state: "),
+        (lambda f: _truncate(f / "model.safetensors"), r"model\.safetensors: truncated safetensors file"),
+    ],
+    ids=["optimizer", "weights"],
+)
+def test_a_damaged_checkpoint_without_manifest_is_one_line_too(run, damage, message):
+    # written by zoo before manifests (a crash mid-save of an older version): caught when loading
+    recipe, run_dir = run
+    last = run_dir / "checkpoints" / "last"
+    (last / MANIFEST_NAME).unlink()
+    damage(last)
+    with pytest.raises(ValueError, match=message) as info:
+        fit(recipe, run_dir, resume=True)
+    assert "\n" not in str(info.value)
+
+
+def test_a_git_lfs_pointer_in_place_of_a_checkpoint_file_is_named(run):
+    _, run_dir = run
+    weights = run_dir / "checkpoints" / "best" / "model.safetensors"
+    weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors has \d+ bytes, \d+ when saved: a git-lfs pointer"):
+        evaluate(run_dir, checkpoint="best")
+
+
+def test_resume_and_eval_check_the_recipe_that_trained_the_checkpoint(run, tmp_path):
+    recipe, run_dir = run
+    edited = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    edited["model"]["attention"] = {"name": "softmax", "options": {}}
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(edited))
+    with pytest.raises(CheckpointError, match=r"model\.attention\.name: 'performer' in the checkpoint, 'softmax' in"):
+        evaluate(run_dir, checkpoint="best")
+    other = yaml.safe_load(recipe.read_text())
+    other["model"]["depth"] = 2
+    (tmp_path / "deeper.yaml").write_text(yaml.safe_dump(other))
+    with pytest.raises(CheckpointError, match=r"model\.depth: 1 in the checkpoint, 2 in this recipe"):
+        fit(tmp_path / "deeper.yaml", run_dir, resume=True)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "it is empty"),
+        (b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n", "git-lfs pointer"),
+        (b"just some notes\n", "text file"),
+    ],
+    ids=["empty", "lfs-pointer", "text"],
+)
+def test_eval_of_a_file_that_holds_no_weights_is_one_line(run, content, message):
+    _, run_dir = run
+    weights = run_dir / "weights.safetensors"
+    weights.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as info:
+        evaluate(run_dir, checkpoint=str(weights))
+    assert str(weights) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_eval_of_another_architecture_names_what_differs(run):
+    _, run_dir = run
+    state = load_file(str(run_dir / "checkpoints" / "best" / "model.safetensors"))
+    # a deeper model's weights: one more block
+    state.update(
+        {k.replace("blocks.0.", "blocks.1."): v.clone() for k, v in state.items() if k.startswith("blocks.0.")}
+    )
+    save_file(state, str(run_dir / "deeper.safetensors"))
+    with pytest.raises(ValueError, match=r"deeper\.safetensors: weights do not fit .*(depth|blocks)"):
+        evaluate(run_dir, checkpoint=str(run_dir / "deeper.safetensors"))
+
+
+def test_a_checkpoint_without_manifest_still_loads(run, caplog):
+    # written by zoo before manifests: loaded unverified, with a warning
+    _, run_dir = run
+    (run_dir / "checkpoints" / "best" / MANIFEST_NAME).unlink()
+    assert evaluate(run_dir, checkpoint="best")["metrics"]["samples"] == 16
+    assert "loaded without verification" in caplog.text
+
+
+def _nan_on_calls(monkeypatch, calls: set[int]) -> None:
+    """The attention's auxiliary loss turns NaN on the given 1-based batch numbers."""
+    count = {"n": 0}
+
+    def auxiliary_loss(model):
+        count["n"] += 1
+        return torch.tensor(float("nan")) if count["n"] in calls else torch.zeros(())
+
+    monkeypatch.setattr(zoo.train.loop, "auxiliary_loss", auxiliary_loss)
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_last_good_checkpoint(tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path)
+    _nan_on_calls(monkeypatch, {5})
+    with pytest.raises(NonFiniteError) as info:
+        fit(recipe, tmp_path / "run")
+    message = str(info.value)
+    assert "non-finite loss (nan) at step 5 (epoch 1, batch 5)" in message and "\n" not in message
+    assert f"the last good checkpoint is {tmp_path / 'run' / 'checkpoints' / 'last'} (step 4)" in message
+    assert "train.skip_nonfinite" in message
+    assert read_manifest(tmp_path / "run" / "checkpoints" / "last")["state"]["step"] == 4
+
+
+def test_skip_nonfinite_skips_up_to_k_batches(tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path, skip_nonfinite=2)
+    _nan_on_calls(monkeypatch, {3, 8})
+    trainer = fit(recipe, tmp_path / "run")
+    assert trainer.state.skipped_batches == 2 and trainer.state.step == 12
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["train_loss"]) for r in records)
+    _nan_on_calls(monkeypatch, {2, 3, 4})
+    with pytest.raises(NonFiniteError, match="at step 4 .*now 2"):
+        fit(recipe, tmp_path / "again")
+
+
+def test_grad_accumulation_checks_the_loss_once_per_step_and_skips_a_bad_step(tmp_path, monkeypatch):
+    # 6 batches an epoch, 2 per step: a NaN in batch 3 spoils step 2's gradients, read once that step is in
+    checks = []
+    original = Trainer._step_is_finite
+
+    def counted(self):
+        checks.append(self.state.batch_in_epoch + 1)
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "_step_is_finite", counted)
+    _nan_on_calls(monkeypatch, {3})
+    trainer = fit(write_recipe(tmp_path, grad_accum_steps=2, skip_nonfinite=1), tmp_path / "run")
+    assert checks == [2, 4, 6, 2, 4, 6]
+    assert trainer.state.skipped_batches == 1 and trainer.state.step == 6
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    _nan_on_calls(monkeypatch, {3})
+    with pytest.raises(NonFiniteError, match=r"non-finite loss \(nan\) at step 2 \(epoch 1, batches 3-4\)"):
+        fit(write_recipe(tmp_path, grad_accum_steps=2), tmp_path / "again")
+
+
+def test_weights_that_turned_non_finite_never_replace_a_checkpoint(tmp_path, monkeypatch):
+    recipe = write_recipe(tmp_path)
+    original = zoo.train.loop.on_optimizer_step
+
+    # an overflow in the optimizer step that ends step 4, just before its checkpoint
+    def poison_at_step_4(model):
+        original(model)
+        poison_at_step_4.steps += 1
+        if poison_at_step_4.steps == 4:
+            next(model.parameters()).data.fill_(float("inf"))
+
+    poison_at_step_4.steps = 0
+    monkeypatch.setattr(zoo.train.loop, "on_optimizer_step", poison_at_step_4)
+    with pytest.raises(NonFiniteError, match=r"weights hold NaN or inf at step 4.*\(step 2\)"):
+        fit(recipe, tmp_path / "run")
+    last = tmp_path / "run" / "checkpoints" / "last"
+    assert read_manifest(last)["state"]["step"] == 2
+    assert all(torch.isfinite(t).all() for t in load_file(str(last / "model.safetensors")).values())
+
+
+def _train_in_child(recipe: Path, run_dir: Path, slow_renames: bool) -> None:
+    """A forked training process: resumes when the run has a checkpoint. Renames are slowed (timing only) so that
+    kills land between the two renames of a save too."""
+    # one thread: the parent's OpenMP pool does not survive fork, and every run computes alike
+    torch.set_num_threads(1)
+    if slow_renames:
+        rename = Path.rename
+
+        def slow_rename(self, target):
+            result = rename(self, target)
+            time.sleep(0.02)
+            return result
+
+        Path.rename = slow_rename
+    fit(recipe, run_dir, resume=find_checkpoint(run_dir, "last") is not None)
+
+
+def _last_step(run_dir: Path) -> int:
+    found = find_checkpoint(run_dir, "last")
+    try:
+        return read_manifest(found)["state"]["step"] if found else 0
+    except (CheckpointError, OSError, KeyError, TypeError):
+        return 0
+
+
+def _kill_when(process, condition, delay: float) -> bool:
+    """SIGKILL `process` `delay` seconds after `condition()` holds; False if it ended first."""
+    while process.is_alive() and not condition():
+        time.sleep(0.002)
+    time.sleep(delay)
+    if not process.is_alive():
+        return False
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    return True
+
+
+@pytest.mark.slow
+def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path):
+    recipe = write_recipe(tmp_path, epochs=8)
+    fork = multiprocessing.get_context("fork")
+    straight = fork.Process(target=_train_in_child, args=(recipe, tmp_path / "straight", False))
+    straight.start()
+    straight.join()
+    assert straight.exitcode == 0
+    rng = np.random.default_rng(12)
+    run_dir, kills, in_save = tmp_path / "killed", 0, 0
+    tmp_dirs = [run_dir / "checkpoints" / f"{which}.tmp" for which in ("last", "best")]
+    for attempt in range(10):
+        process = fork.Process(target=_train_in_child, args=(recipe, run_dir, True))
+        before = _last_step(run_dir)
+        process.start()
+        if attempt % 2:
+            # during a save: its temporary folder exists, or one of its renames is under way
+            killed = _kill_when(process, lambda: any(p.exists() for p in tmp_dirs), rng.uniform(0, 0.05))
+            in_save += killed
+        else:
+            # anywhere after the run moved on past a checkpoint
+            killed = _kill_when(process, lambda before=before: _last_step(run_dir) > before, rng.uniform(0, 0.15))
+        kills += killed
+        last = find_checkpoint(run_dir, "last")
+        if last is not None:
+            verify_checkpoint(last)
+    assert kills == 10 and in_save == 5, (kills, in_save)
+    final = fork.Process(target=_train_in_child, args=(recipe, run_dir, False))
+    final.start()
+    final.join()
+    assert final.exitcode == 0
+    for which in ("last", "best"):
+        expected = load_file(str(tmp_path / "straight" / "checkpoints" / which / "model.safetensors"))
+        got = load_file(str(run_dir / "checkpoints" / which / "model.safetensors"))
+        assert expected.keys() == got.keys()
+        for key in expected:
+            assert torch.equal(got[key], expected[key]), (which, key)
+    assert json.loads((run_dir / "train_summary.json").read_text())["steps"] == 48

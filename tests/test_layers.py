@@ -1,0 +1,132 @@
+"""The package's folders are its layers: every import in zoo/ (at module level or inside a function; not those
+under `if TYPE_CHECKING:`) goes down the list below or stays inside its own layer, and no modules import each other
+in a cycle. A new module belongs to the layer of its folder; a new folder is added to `LAYERS` where it sits."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# lowest first; a module may import its own layer and any below it
+LAYERS = (
+    ("zoo._validate", "zoo._registry", "zoo._schema", "zoo._weights"),
+    ("zoo.attention",),
+    ("zoo.data",),
+    ("zoo.tasks",),
+    ("zoo.models",),
+    ("zoo.kinds",),
+    ("zoo.config",),
+    ("zoo.hub",),
+    ("zoo.train",),
+    ("zoo.evaluate", "zoo.predict", "zoo.convert"),
+    ("zoo.cli", "zoo"),
+)
+
+
+def _module(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    best = max(
+        (prefix for layer in LAYERS for prefix in layer if module == prefix or module.startswith(prefix + ".")),
+        key=len,
+    )
+    return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    return lines
+
+
+def _imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
+    """The zoo modules `path` imports (a name imported from a package counts as its submodule when it is one)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_lines(tree)
+    package = _module(path, root) if path.name == "__init__.py" else _module(path, root).rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "zoo")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "zoo":
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module(p): p for p in (ROOT / "zoo").rglob("*.py")}
+    return {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> target` for every import of a higher layer."""
+    return [f"{m} -> {t}" for m in sorted(graph) for t in sorted(graph[m]) if _layer(t) > _layer(m)]
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as `[a, b, ..., a]`, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if not state.get(target) and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if not state.get(name) and (cycle := visit(name)):
+            return cycle
+    return None
+
+
+GRAPH = _graph()
+
+
+def test_imports_only_go_down():
+    assert not upward_imports(GRAPH), "a lower layer imports a higher one:\n" + "\n".join(upward_imports(GRAPH))
+
+
+def test_no_import_cycles():
+    assert find_cycle(GRAPH) is None, "import cycle: " + " -> ".join(find_cycle(GRAPH) or [])
+
+
+def test_every_module_has_a_layer():
+    for module in GRAPH:
+        _layer(module)
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):
+    graph = {"zoo.attention.local": {"zoo.train.loop"}, "zoo.train.loop": {"zoo.attention.local"}}
+    assert upward_imports(graph) == ["zoo.attention.local -> zoo.train.loop"]
+    assert find_cycle(graph) == ["zoo.attention.local", "zoo.train.loop", "zoo.attention.local"]
+    module = tmp_path / "zoo" / "models" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..train import loop\n"
+        "def f():\n    from ..data import x\n"
+    )
+    assert _imports(module, {"zoo.data.x"}, root=tmp_path) == {"zoo.data.x"}

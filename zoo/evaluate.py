@@ -1,0 +1,309 @@
+"""Evaluate a trained run directory (or a model) on a split, through `evaluate`: the task's metrics through
+torchmetrics, a confusion-matrix plot where the task counts classes, and the baselines the dataset is judged against
+(its `baselines(train_set)`: the GC-content nearest-mean rule for genomes, seasonal-naive and linear forecasts for
+the forecasting sets), all on the same split."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import Dataset
+
+from .config import Recipe
+from .data._interface import split_attribute
+from .data._sizes import ModelSizes
+from .hub._run_weights import load_checked, resolve_run
+from .hub.runs import RECIPE_FILE
+from .kinds import build_model, get_model_kind
+from .train.loop import build_loader, build_split, evaluate_loader, resolve_mixed_precision
+
+__all__ = [
+    "ConfusionLayout",
+    "baselines",
+    "confusion_layout",
+    "evaluate",
+    "plot_confusion",
+]
+
+_logger = logging.getLogger(__name__)
+
+
+# Geometry of the confusion plot, in points (1/72 in): a class's cell is _CELL_PT wide up to 40 classes, narrower
+# beyond so that the matrix stays within _MATRIX_PT; the margins grow with the longest class name.
+_CELL_PT = 36.0
+_MATRIX_PT = 1440.0
+_FONT_PT = (6.0, 10.0)  # the smallest and largest size of class names and counts
+_NAME_CHARS = 40  # a longer class name is cut with an ellipsis in the plot (eval.json keeps it whole)
+_TICK_PT = 8.0  # a tick and its pad
+_AXIS_LABEL_PT = 24.0  # "true" / "predicted" and their pad
+_COLORBAR_PT = 60.0  # the colour bar and its numbers, drawn when no count fits a cell
+# up to this many classes a zero count is written; beyond, its cell is left empty (the many zeros of a large
+# matrix hide its few errors, and ten thousand labels take half a minute to draw)
+_ZEROS_UP_TO = 20
+CONFUSION_DPI = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfusionLayout:
+    """Where `plot_confusion` draws, in points: the cell of one class, the size of the class names (every
+    `stride`-th class named), the size of the counts (None: not written, a colour bar instead), whether the
+    predicted names are turned upright, and the margins around the matrix."""
+
+    cell: float
+    font: float
+    stride: int
+    count_font: float | None
+    rotate: bool
+    left: float
+    bottom: float
+    right: float
+    top: float = 12.0
+
+    def size(self, classes: int) -> tuple[float, float]:
+        """(width, height) of the figure in points."""
+        side = self.cell * classes
+        return self.left + side + self.right, self.bottom + side + self.top
+
+
+def confusion_layout(
+    values: torch.Tensor, names: Sequence[str], fonts: Sequence[str] = ("DejaVu Sans",)
+) -> ConfusionLayout:
+    """The layout of `values` (`[classes, classes]` counts) with class `names` (cut at 40 letters) drawn in
+    `fonts`."""
+    classes = len(values)
+    cell = min(_CELL_PT, _MATRIX_PT / max(classes, 1))
+    font = min(max(0.8 * cell, _FONT_PT[0]), _FONT_PT[1])
+    # every k-th name where the cells are narrower than one line of text
+    stride = max(1, math.ceil(font / cell))
+    rotate = max((len(_shorten(name)) for name in names), default=0) > 3
+    name_width = max((_text_width(_shorten(name), font, fonts) for name in names[::stride]), default=0.0)
+    count_font = _count_font(values, cell, fonts)
+    return ConfusionLayout(
+        cell=cell,
+        font=font,
+        stride=stride,
+        count_font=count_font,
+        rotate=rotate,
+        left=name_width + _TICK_PT + _AXIS_LABEL_PT,
+        bottom=(name_width if rotate else font) + _TICK_PT + _AXIS_LABEL_PT,
+        right=12.0 if count_font else _COLORBAR_PT,
+    )
+
+
+def plot_confusion(matrix: Sequence[Sequence[int]], path: Path, class_names: Sequence[str] | None = None) -> None:
+    """The confusion matrix as a PNG, readable from 2 to hundreds of classes (`confusion_layout`): each class a
+    square cell, its count written in it where the count fits (beyond 20 classes only counts that are not zero; a
+    colour bar where no count fits), margins as wide as the longest class name needs, a name every k-th class
+    where the cells are narrower than a line. Class names are drawn as they are written, cut at 40 letters: in a
+    font that has their letters (DejaVu Sans covers Latin, Greek and Cyrillic; another installed font is looked for,
+    e.g. for CJK), else with the missing letters as `\\uXXXX` escapes; `$` is never read as mathtext."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = torch.tensor(matrix)
+    classes = len(values)
+    fonts, names = _font_for([_shorten(str(name)) for name in (class_names or range(classes))])
+    layout = confusion_layout(values, names, fonts)
+    width, height = layout.size(classes)
+    side = layout.cell * classes
+    with matplotlib.rc_context({"text.parse_math": False, "font.family": fonts, "font.size": layout.font}):
+        fig = plt.figure(figsize=(width / 72, height / 72))
+        ax = fig.add_axes((layout.left / width, layout.bottom / height, side / width, side / height))
+        # a NumPy array: matplotlib's conversion of a tensor goes through a deprecated __array__ call
+        image = ax.imshow(values.numpy(), cmap="Blues", interpolation="nearest", aspect="equal")
+        ticks = range(0, classes, layout.stride)
+        named = names[:: layout.stride]
+        ax.set(xticks=ticks, yticks=ticks, xticklabels=named, yticklabels=named, xlabel="predicted", ylabel="true")
+        ax.tick_params(axis="x", labelrotation=90 if layout.rotate else 0)
+        if layout.count_font:
+            _write_counts(ax, values, layout.count_font)
+        else:
+            bar = (layout.left + side + 8) / width, layout.bottom / height, 10 / width, side / height
+            fig.colorbar(image, cax=fig.add_axes(bar))
+        fig.savefig(path, dpi=CONFUSION_DPI)
+    plt.close(fig)
+
+
+def _write_counts(ax, values: torch.Tensor, size: float) -> None:
+    """Each count in its cell, white on the dark ones; zeros left out of a matrix of more than 20 classes."""
+    classes, threshold = len(values), values.max().item() / 2
+    cells = torch.cartesian_prod(torch.arange(classes), torch.arange(classes)).tolist()
+    for (row, col), count in zip(cells, values.flatten().tolist(), strict=True):
+        if count == 0 and classes > _ZEROS_UP_TO:
+            continue
+        color = "white" if count > threshold else "black"
+        ax.text(col, row, count, ha="center", va="center", color=color, fontsize=size)
+
+
+def _shorten(name: str) -> str:
+    return name if len(name) <= _NAME_CHARS else name[: _NAME_CHARS - 1] + "\u2026"
+
+
+def _text_width(text: str, size: float, fonts: Sequence[str]) -> float:
+    """Width in points of `text` drawn at `size` points in `fonts` (the first one's widths; the others draw only
+    the few letters it lacks)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    width, _, _ = TextToPath().get_text_width_height_descent(text, FontProperties(family=list(fonts), size=size), False)
+    return width
+
+
+def _count_font(values: torch.Tensor, cell: float, fonts: Sequence[str]) -> float | None:
+    """The largest size (within _FONT_PT) at which the widest count fits a cell of `cell` points; None when none
+    does."""
+    widest = str(int(values.max().item())) if values.numel() else "0"
+    size = _FONT_PT[1]
+    while size >= _FONT_PT[0]:
+        if size <= 0.8 * cell and _text_width(widest, size, fonts) <= 0.85 * cell:
+            return size
+        size -= 1.0
+    return None
+
+
+def _font_for(names: list[str]) -> tuple[list[str], list[str]]:
+    """Font families that draw every letter of `names` (DejaVu Sans, then installed fonts for the letters it lacks:
+    matplotlib falls back glyph by glyph), and the names, each letter no font has written as an escape."""
+    from matplotlib import font_manager, ft2font
+
+    default = font_manager.findfont("DejaVu Sans")
+    missing = {ord(c) for c in "".join(names) if not c.isspace()} - _covered(ft2font.FT2Font(default))
+    families = ["DejaVu Sans"]
+    # LastResort draws a placeholder box for every letter: it covers nothing
+    paths = sorted({e.fname for e in font_manager.fontManager.ttflist if "LastResort" not in e.fname} - {default})
+    for fname in paths if missing else ():
+        try:
+            face = ft2font.FT2Font(fname)
+        except (OSError, RuntimeError):
+            continue
+        found = missing & _covered(face)
+        if found:
+            families.append(face.family_name)
+            missing -= found
+        if not missing:
+            break
+    if not missing:
+        return families, names
+    _logger.warning("no installed font draws %s of the class names: written as escapes", "".join(map(chr, missing)))
+    return families, ["".join(f"\\u{ord(c):04x}" if ord(c) in missing else c for c in name) for name in names]
+
+
+def _covered(face) -> set[int]:
+    """The code points an FT2Font has glyphs for."""
+    return set(face.get_charmap())
+
+
+def baselines(train_set: Dataset | None, dataset: Dataset) -> dict[str, dict[str, float]]:
+    """Scores of the simple rules the model should beat on `dataset` (the dataset's own `baselines(train_set)`):
+    genomes -> `{"gc_nearest_mean": {"top1": ...}}`; forecasting -> `{"linear": {"mse", "mae"}, "seasonal_naive":
+    {...}}` (the seasonal one where the season is known); `{}` for a dataset without baselines."""
+    rules = split_attribute(dataset, "baselines")
+    return rules(train_set) if callable(rules) else {}
+
+
+def evaluate(
+    source: str | Path | nn.Module,
+    *,
+    split: str = "test",
+    checkpoint: str = "best",
+    recipe: Recipe | None = None,
+    num_classes: int | None = None,
+) -> dict[str, Any]:
+    """The one way to evaluate: `source`'s metrics on `split`, as tools/eval.py writes them to eval.json
+    (`run_dir`, `checkpoint`, `split`, `task`, `metrics`, `baselines`, `confusion_png`).
+
+    `source` a run directory of tools/train.py: its `checkpoint` (`best`, `last`, a checkpoint folder or weights
+    file), verified, in the model built from the run's `model.json`; the recipe's metrics and the task's
+    `eval_metrics`, at the recipe's mixed precision, with the dataset's baselines and, where the task counts
+    classes, the confusion matrix saved as `confusion_<split>.png` beside it. Only the evaluated split is read (and
+    the training split where the dataset's baselines are fitted on it).
+
+    `source` a model (`nn.Module`): on `recipe`'s split, the recipe's metrics over `num_classes` classes, in full
+    precision (as `zoo.convert.run` measures its stages); no baselines, no plot.
+    """
+    if isinstance(source, nn.Module):
+        if recipe is None or num_classes is None:
+            raise TypeError("evaluate(model) needs the recipe it was built from and its num_classes")
+        return _evaluate_model(source, recipe, split, num_classes)
+    return _evaluate_run(Path(source), checkpoint=checkpoint, split=split)
+
+
+def _evaluate_model(model: nn.Module, recipe: Recipe, split: str, num_classes: int) -> dict[str, Any]:
+    kind = get_model_kind(recipe.model.kind)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    loader = accelerator.prepare(build_loader(recipe, build_split(recipe, split), train=False))
+    model.to(accelerator.device)
+    metrics = evaluate_loader(
+        model,
+        loader,
+        accelerator,
+        task=kind.task(recipe),
+        model_inputs=kind.inputs,
+        metric_names=recipe.metrics,
+        num_classes=num_classes,
+    )
+    return _report(None, None, split, recipe, metrics, {}, None)
+
+
+def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, Any]:
+    recipe_path = run_dir / RECIPE_FILE
+    if not recipe_path.is_file():
+        raise FileNotFoundError(f"{recipe_path} does not exist: is {run_dir} a run directory of tools/train.py?")
+    # the run's recipe.yaml (which the user may point at other data), checked against the checkpoint
+    run = resolve_run(run_dir, checkpoint, files_from="run")
+    recipe, weights = run.recipe, run.weights
+    sizes = ModelSizes.from_json(run.description["sizes"])
+    model = build_model(recipe, sizes)
+    load_checked(model, weights)
+    dataset = build_split(recipe, split)
+    kind = get_model_kind(recipe.model.kind)
+    task = kind.task(recipe)
+    accelerator = Accelerator(mixed_precision=resolve_mixed_precision(recipe.train.mixed_precision))
+    loader = build_loader(recipe, dataset, train=False)
+    model, loader = accelerator.prepare(model, loader)
+    names = list(dict.fromkeys([*recipe.metrics, *task.eval_metrics]))
+    metrics = evaluate_loader(
+        model,
+        loader,
+        accelerator,
+        task=task,
+        model_inputs=kind.inputs,
+        metric_names=names,
+        num_classes=task.num_outputs(sizes),
+    )
+    png = run_dir / f"confusion_{split}.png" if "confusion" in metrics else None
+    if png is not None and accelerator.is_main_process:
+        plot_confusion(metrics["confusion"], png, split_attribute(dataset, "classes"))
+    fitted = callable(split_attribute(dataset, "baselines"))
+    rules = baselines(build_split(recipe, "train") if fitted else None, dataset)
+    return _report(run_dir, weights, split, recipe, metrics, rules, png)
+
+
+def _report(
+    run_dir: Path | None,
+    weights: Path | None,
+    split: str,
+    recipe: Recipe,
+    metrics: dict[str, Any],
+    rules: dict[str, Any],
+    png: Path | None,
+) -> dict[str, Any]:
+    return {
+        "run_dir": None if run_dir is None else str(run_dir),
+        "checkpoint": None if weights is None else str(weights),
+        "split": split,
+        "task": recipe.task,
+        "metrics": metrics,
+        "baselines": rules,
+        "confusion_png": None if png is None else str(png),
+    }
