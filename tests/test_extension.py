@@ -22,14 +22,14 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MultilabelAccuracy
 
 import zoo
-from zoo import kinds as model_kinds
-from zoo import tasks
 from zoo.config import recipe_from_dict
 from zoo.data import _registry as data_registry
 from zoo.data import register_dataset
 from zoo.evaluate import evaluate
 from zoo.kinds import KindOptions, ModelKind, register_model_kind
+from zoo.kinds import _base as kinds_registry
 from zoo.tasks import HeadSpec, Task, register_task
+from zoo.tasks import _base as tasks_registry
 from zoo.tasks.heads import ClassificationHead
 from zoo.train.loop import Trainer
 
@@ -156,7 +156,7 @@ def build_tagged(options: TaggedOptions, context) -> TaggedSeries:
 @pytest.fixture
 def registered():
     """The throwaway task, model kind and dataset, registered for one test only."""
-    with tasks._TASKS.scope(), model_kinds._KINDS.scope(), data_registry._DATASETS.scope():
+    with tasks_registry._TASKS.scope(), kinds_registry._KINDS.scope(), data_registry._DATASETS.scope():
         register_task(MultiLabel())
         register_model_kind(POOLED_MLP)
         register_dataset(

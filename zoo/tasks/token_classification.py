@@ -1,0 +1,81 @@
+"""`token_classification`: one class per input position (`IGNORE_INDEX` where nothing is asked), loss and accuracy over
+the labelled positions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from ..data._interface import IGNORE_INDEX
+from .heads import TokenClassificationHead
+
+if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from ..data._sizes import ModelSizes
+from ._base import HeadSpec, Task, _require, register_task
+
+
+@dataclass(frozen=True)
+class TokenClassification(Task):
+    """One class per input position: logits `[b, l, k]`, labels `[b, l]` (`IGNORE_INDEX` where there is none)."""
+
+    name = "token_classification"
+    target_key = "labels"
+    metrics = ("top1", "f1", "confusion", "mcc")
+    default_metrics = ("top1", "f1", "mcc")
+    eval_metrics = ("top1", "f1", "confusion")
+    selection = ("f1", True)
+    inputs = ("dna", "kmer", "tokens")
+    per_position = True
+    ignore_index = IGNORE_INDEX
+
+    def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
+        """Mean cross-entropy over kept, labelled positions."""
+        logits, labels = self.metric_inputs(outputs, targets, mask)
+        return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+
+    def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        labelled = targets != IGNORE_INDEX
+        return int((labelled if mask is None else labelled & mask).sum())
+
+    def metric_inputs(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`[b, l, k]`, `[b, l]`, mask `[b, l]` -> `[(b l), k]`, `[(b l)]` with padded positions `IGNORE_INDEX`."""
+        if mask is not None:
+            targets = targets.masked_fill(~mask, IGNORE_INDEX)
+        return rearrange(outputs.float(), "b l k -> (b l) k"), targets.flatten()
+
+    def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
+        return {"num_classes": sizes.num_classes}
+
+    def num_outputs(self, sizes: ModelSizes) -> int:
+        return sizes.num_classes
+
+    def prediction_rows(
+        self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int
+    ) -> list[dict[str, Any]]:
+        """logits `[l, k]` (a CLS token first when the tokenizer adds one) -> one row per kept position: its label
+        and probability."""
+        if description["inputs"].get("tokenizer", {}).get("add_cls"):
+            outputs, mask = outputs[1:], mask[1:]
+        probabilities, labels = outputs.softmax(-1).max(-1)
+        names = description.get("label_names")
+        rows = []
+        for offset in torch.nonzero(mask).flatten().tolist():
+            label = labels[offset].item()
+            position = {"input": meta["input"], "record": meta["record"], "position": meta["start"] + offset}
+            name = names[label] if names else str(label)
+            rows.append({**position, "label": name, "probability": round(probabilities[offset].item(), 6)})
+        return rows
+
+    def build_head(self, spec: HeadSpec) -> nn.Module:
+        _require(self, "num_classes", spec.num_classes)
+        return TokenClassificationHead(spec.dim, spec.num_classes, steps=spec.steps, drop=spec.drop)
+
+
+register_task(TokenClassification())
