@@ -19,7 +19,7 @@ from zoo import cli
 from zoo.cli import log_to, run_cli
 from zoo.data.images.folder import ImageFolderDataset
 from zoo.evaluate import plot_confusion
-from zoo.train.loop import _rate
+from zoo.train._tracking import format_rate as _rate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from zoo.data._interface import sequence_length
 from zoo.evaluate import evaluate
 from zoo.models import create_sequence_model
 from zoo.tasks import list_tasks
-from zoo.train import loop as engine
+from zoo.train.eval_loop import _gather
 from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,8 +267,8 @@ class _TwoProcesses:
 def test_gather_keeps_the_position_mask_boolean_and_leaves_inputs_out():
     outputs, labels = torch.randn(2, 5, 3), torch.randint(0, 3, (2, 5))
     mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
-    got_outputs, got_labels, got_mask = engine._gather(_TwoProcesses(), outputs, labels, mask)
+    got_outputs, got_labels, got_mask = _gather(_TwoProcesses(), outputs, labels, mask)
     assert got_mask.dtype == torch.bool and got_mask.shape == (2, 8) and not got_mask[:, 5:].any()
     assert got_outputs.shape == (2, 8, 3) and got_labels.shape == (2, 8)
     # sequence-level tasks gather no mask and pad nothing
-    assert engine._gather(_TwoProcesses(), outputs[:, 0], labels[:, 0], None)[2] is None
+    assert _gather(_TwoProcesses(), outputs[:, 0], labels[:, 0], None)[2] is None

@@ -12,6 +12,9 @@ A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one 
 tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A
 checkpoint is written to a temporary directory and renamed into place, so a crash never leaves a partial
 checkpoint where a good one was.
+
+The evaluation loop is `zoo.train.eval_loop` (`evaluate_loader`, re-exported here), what a run reports (tracker,
+progress bar, `metrics.jsonl`) `zoo.train._tracking`.
 """
 
 from __future__ import annotations
@@ -21,27 +24,24 @@ import logging
 import math
 import pickle
 import shutil
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.tracking import get_available_trackers
-from accelerate.utils import LoggerType, set_seed
+from accelerate import DataLoaderConfiguration
+from accelerate.utils import set_seed
 from timm.optim import create_optimizer_v2
 from timm.scheduler import CosineLRScheduler, StepLRScheduler
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from .._validate import first_line
 from ..attention import on_optimizer_step
 from ..attention._registry import auxiliary_loss
-from ..config import Recipe, recipe_to_dict, save_recipe
+from ..config import Recipe, save_recipe
 from ..data import DataContext, build_dataset, collate_for, get_dataset
 from ..hub.checkpoints import (
     CheckpointError,
@@ -55,9 +55,9 @@ from ..hub.checkpoints import (
 )
 from ..hub.runs import copy_run_files, describe_model, write_description
 from ..kinds import build_model, get_model_kind, sizes_of
-from ..tasks import Task
-from ..tasks.metrics import metrics_to_python
+from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
 from .distributed import build_accelerator, local_shard, replica_mismatches, save_checkpoint, sync_buffers
+from .eval_loop import evaluate_loader
 from .self_pretrain import pretrain
 
 __all__ = [
@@ -150,54 +150,6 @@ def build_loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
     )
 
 
-def _gather(
-    accelerator: Accelerator, outputs: Tensor, targets: Tensor, mask: Tensor | None
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Every process's outputs, targets and target mask (no sample twice): only what the loss and metrics read,
-    never the inputs. Per-position batches are first padded to one length across processes, the padding masked
-    out."""
-    tensors = (outputs, targets) if mask is None else (outputs, targets, mask)
-    if accelerator.num_processes > 1 and mask is not None:
-        # pad_across_processes pads with zeros through an addition, which turns a bool mask into int64
-        tensors = tuple(accelerator.pad_across_processes(t, dim=1) for t in tensors)
-    gathered = accelerator.gather_for_metrics(tensors)
-    return gathered[0], gathered[1], None if mask is None else gathered[2].bool()
-
-
-@torch.no_grad()
-def evaluate_loader(
-    model: nn.Module,
-    loader: DataLoader,
-    accelerator: Accelerator,
-    *,
-    task: Task,
-    model_inputs: Callable[[Mapping[str, Tensor]], tuple[Tensor, ...]],
-    metric_names: Sequence[str],
-    num_classes: int,
-) -> dict:
-    """Loss and metrics of `task` over the whole split, gathered from every process (no sample counted twice).
-
-    `model_inputs`: the model's inputs from a batch (`ModelKind.inputs`). `num_classes`: what the metrics count
-    (`Task.num_outputs`). The loss is the mean over every term the task's loss averages (`Task.loss_units`).
-    """
-    model.eval()
-    metrics = task.build_metrics(metric_names, num_classes).to(accelerator.device)
-    loss_sum, units, count = torch.zeros((), device=accelerator.device), 0, 0
-    for batch in loader:
-        targets, mask = task.targets(batch)
-        with accelerator.autocast():
-            outputs = model(*model_inputs(batch))
-        outputs, targets, mask = _gather(accelerator, outputs.float(), targets, mask)
-        batch_units = task.loss_units(targets, mask)
-        if batch_units:
-            loss_sum += task.loss(outputs, targets, mask) * batch_units
-        units += batch_units
-        count += targets.shape[0]
-        metrics.update(*task.metric_inputs(outputs, targets, mask))
-    result = {"loss": float(loss_sum) / max(units, 1), "samples": count}
-    return {**result, **metrics_to_python(metrics.compute())}
-
-
 def _resume_from(resume: bool | str) -> str | None:
     """The checkpoint `resume` names: None (start afresh), `last` (True) or `best`."""
     if resume is True:
@@ -221,41 +173,6 @@ def _too_few_samples(recipe: Recipe, samples: int, processes: int) -> str:
     )
 
 
-def _rate(samples_per_s: float) -> str:
-    """Three significant digits, so that a slow step reads 0.0312, not 0.0."""
-    return f"{samples_per_s:.0f}" if samples_per_s >= 1000 else f"{samples_per_s:.3g}"
-
-
-def _tracker(name: str | None) -> str | None:
-    """`train.log_with` once its package is installed: accelerate would leave an uninstalled tracker out with
-    only a debug message."""
-    if name is not None and LoggerType(name) not in get_available_trackers():
-        raise ValueError(
-            f"train.log_with {name!r}: the {name} package is not installed; pip install {name}, or leave "
-            "train.log_with out"
-        )
-    return name
-
-
-def _flat_config(recipe: Recipe) -> dict[str, Any]:
-    """The recipe as flat dotted keys (`model.attention.name`) with values every tracker takes (bool, int,
-    float, str; lists and null as JSON text): the run's hyperparameters."""
-    flat: dict[str, Any] = {}
-
-    def walk(value: Any, path: str) -> None:
-        if isinstance(value, Mapping) and value:
-            for key, item in value.items():
-                walk(item, f"{path}.{key}" if path else str(key))
-        elif isinstance(value, (bool, int, float, str)):
-            flat[path] = value
-        else:
-            flat[path] = json.dumps(value)
-
-    # the kind's options flat in `model`, as the recipe file writes them (model.img_size, model.sequence.input)
-    walk(recipe_to_dict(recipe), "")
-    return flat
-
-
 class Trainer:
     """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
 
@@ -271,7 +188,7 @@ class Trainer:
             mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
             gradient_accumulation_steps=cfg.grad_accum_steps,
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
-            log_with=_tracker(cfg.log_with),
+            log_with=tracker_name(cfg.log_with),
             project_dir=str(self.run_dir / "logs") if cfg.log_with else None,
         )
         set_seed(recipe.seed)
@@ -375,25 +292,13 @@ class Trainer:
             raise CheckpointError(f"{checkpoint} was trained without train.pretrain, which the recipe asks for")
         self.accelerator.print(f"resumed from {checkpoint} at step {self.state.step}, epoch {self.state.epoch}")
 
-    def _log_eval(self, record: dict) -> None:
-        if self.is_main:
-            with open(self.run_dir / "metrics.jsonl", "a") as handle:
-                handle.write(json.dumps(record) + "\n")
-        # the tracker's (train.log_with): the epoch, the epoch's mean loss and every validation number
-        tracked = {"epoch": record["epoch"], "train/epoch_loss": record["train_loss"]}
-        tracked.update({f"val/{k[4:]}": v for k, v in record.items() if k.startswith("val_")})
-        self.accelerator.log(tracked, step=record["step"])
-        self.accelerator.print(
-            "eval " + " ".join(f"{k}={v:.4g}" for k, v in record.items() if isinstance(v, (int, float)))
-        )
-
     def fit(self) -> dict:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_recipe(self.recipe, self.run_dir / "recipe.yaml")
             write_description(self.run_dir, self.description)
         if self.recipe.train.log_with:
-            self.accelerator.init_trackers(self.recipe.name, config=_flat_config(self.recipe))
+            self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe))
         if self.resume:
             self._restore()
         elif self.state.pretrained:
@@ -415,14 +320,11 @@ class Trainer:
         self.train_loader.set_epoch(self.state.epoch)
         skip = self.state.batch_in_epoch
         loader = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
-        bar = tqdm(
+        bar = progress_bar(
             total=self.steps_per_epoch,
             initial=skip // cfg.grad_accum_steps,
-            disable=not self.is_main,
+            enabled=self.is_main,
             desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}",
-            dynamic_ncols=True,
-            # redirected to a log (CI, a cluster job), a line per 30 s instead of a carriage return per step
-            mininterval=0.1 if sys.stderr.isatty() else 30.0,
         )
         loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
         for batch in loader:
@@ -441,9 +343,8 @@ class Trainer:
             self._sync_replicas()
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
-                rate, value, lr = samples / (time.perf_counter() - start), loss.item(), self._lr()
-                bar.set_postfix(loss=f"{value:.4f}", lr=f"{lr:.2e}", samples_s=_rate(rate), refresh=False)
-                acc.log({"train/loss": value, "train/lr": lr, "train/samples_per_s": rate}, step=self.state.step)
+                rate = samples / (time.perf_counter() - start)
+                log_step(acc, bar, self.state.step, loss=loss.item(), lr=self._lr(), samples_per_s=rate)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -558,7 +459,7 @@ class Trainer:
             "samples_per_s": samples_per_s,
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
-        self._log_eval(record)
+        log_eval(self.accelerator, self.run_dir, record)
         score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
         if score > self.state.best_metric:
             self.state.best_metric = score
