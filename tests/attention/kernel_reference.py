@@ -1,4 +1,4 @@
-"""Quadratic references shared by the kernel-attention tests (linear attention, Performer)."""
+"""Quadratic reference shared by the kernel-attention tests (linear attention, Performer)."""
 
 import torch
 
@@ -12,9 +12,3 @@ def naive_kernel_attention(phi_q, phi_k, v, key_log_scale=None, is_causal=False)
         n = phi_q.shape[-2]
         weights = weights.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), 0.0)
     return (weights @ v) / weights.sum(-1, keepdim=True)
-
-
-def grads(out, tensors):
-    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    return torch.autograd.grad((out * weight).sum(), tensors)

@@ -4,7 +4,9 @@ The contract every registered variant keeps runs over the whole registry in `tes
 """
 
 import inspect
+from functools import partial
 
+import builders
 import pytest
 import torch
 from torch import nn
@@ -16,15 +18,11 @@ DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 ALL = list_attentions()
 
 
-def make(name: str, **overrides) -> nn.Module:
-    torch.manual_seed(0)
-    options = {**zoo.attention.get_attention(name).test_options, **overrides}
-    return zoo.create_attention(name, DIM, HEADS, **options).eval()
+make = partial(builders.make, dim=DIM, heads=HEADS, with_test_options=True)
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return nn.functional.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def test_registry_lists_the_baselines():

@@ -12,8 +12,10 @@ for variants that decode, `decode_step` against the causal forward.
 """
 
 import contextlib
+from functools import partial
 from typing import ClassVar
 
+import builders
 import pytest
 import torch
 from torch import nn
@@ -38,11 +40,8 @@ def decodes(name: str) -> bool:
     return hasattr(get_attention(name), "decode_step")
 
 
-def build(name: str, **overrides) -> nn.Module:
-    """Variant `name` with its class's test options (and `overrides`), eval mode, seed 0."""
-    torch.manual_seed(0)
-    options = {**get_attention(name).test_options, **overrides}
-    return zoo.create_attention(name, DIM, HEADS, **options).eval()
+# Variant `name` with its class's test options (and overrides), eval mode, seed 0.
+build = partial(builders.make, dim=DIM, heads=HEADS, with_test_options=True)
 
 
 def long_options(name: str, length: int) -> tuple[dict, int]:
@@ -59,24 +58,11 @@ def long_options(name: str, length: int) -> tuple[dict, int]:
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return nn.functional.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def padding() -> torch.Tensor:
-    keep = torch.ones(BATCH, LENGTH, dtype=torch.bool)
-    keep[0, 30:] = False
-    keep[1, 20:] = False
-    return keep
-
-
-def projected_grads(out: torch.Tensor, tensors, keep: torch.Tensor | None = None):
-    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel); rows of
-    padded queries, whose outputs are unspecified, left out."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    if keep is not None:
-        weight = weight * keep[..., None]
-    return torch.autograd.grad((out * weight).sum(), tensors, allow_unused=True)
+    return builders.padded_tails(LENGTH, (30, 20))
 
 
 # The contract, one function per property, so that a variant registered at runtime can run all of them.
@@ -200,7 +186,7 @@ def check_fast_path_equals_reference(name: str, causal: bool, masked: bool) -> N
     for attention in (fast, reference):
         x = inputs().double().requires_grad_()
         out = attention(x, attn_mask=mask, is_causal=causal)
-        results.append((out[keep], projected_grads(out, (x, *attention.parameters()), keep)))
+        results.append((out[keep], builders.grads(out, (x, *attention.parameters()), keep, allow_unused=True)))
     (out, grads), (expected, expected_grads) = results
     torch.testing.assert_close(out, expected)
     names = ["input", *(param_name for param_name, _ in fast.named_parameters())]

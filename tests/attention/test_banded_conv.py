@@ -7,9 +7,9 @@ then the limits (identity kernels are `local` attention, a band covering the seq
 causality and memory.
 """
 
+import builders
 import pytest
 import torch
-from torch import nn
 
 import zoo
 from zoo.attention._blocks import window_layout
@@ -20,8 +20,7 @@ DIM, HEADS, BATCH = 32, 2, 2
 
 
 def qkv(n: int, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(BATCH, HEADS, n, 8, generator=generator).requires_grad_() for _ in range(3)]
+    return builders.qkv(BATCH, HEADS, n, 8, seed=seed, requires_grad=True)
 
 
 def random_kernels(depth: int, kernel_size: int, seed: int = 0) -> torch.Tensor:
@@ -38,8 +37,7 @@ def padding(n: int) -> torch.Tensor:
 
 
 def inputs(n: int, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return nn.functional.layer_norm(torch.randn(BATCH, n, DIM, generator=generator), (DIM,))
+    return builders.tokens(BATCH, n, DIM, seed)
 
 
 def with_random_kernels(attention: BandedConvAttention, seed: int = 0) -> BandedConvAttention:

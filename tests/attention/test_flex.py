@@ -3,6 +3,7 @@
 or its dense reference; the cached block masks against `create_block_mask`; and the compiled flex forward on CPU
 against the torch path."""
 
+import builders
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
@@ -33,19 +34,15 @@ def dense(pattern, n: int, heads: int = 1) -> torch.Tensor:
 
 
 def qkv(n: int, dtype=torch.float64, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(BATCH, HEADS, n, DIM // HEADS, generator=generator, dtype=dtype) for _ in range(3))
+    return builders.qkv(BATCH, HEADS, n, DIM // HEADS, dtype=dtype, seed=seed)
 
 
 def padding(n: int) -> torch.Tensor:
-    keep = torch.rand(BATCH, n, generator=torch.Generator().manual_seed(1)) > 0.25
-    keep[:, 0] = True
-    return keep
+    return builders.padding(BATCH, n, drop=0.25, seed=1)
 
 
 def family(name: str, **options):
-    torch.manual_seed(0)
-    return zoo.create_attention(name, DIM, HEADS, **options).eval().double()
+    return builders.make(name, DIM, HEADS, **options).double()
 
 
 # The 1-D families: the flex pattern under a masked softmax gives the family's torch output, with and without

@@ -1,5 +1,6 @@
 """GAU / FLASH: mixed chunk attention against a dense reference, the slot form's weight mapping, the GAU layer."""
 
+import builders
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,15 +20,12 @@ B, H, N, S, E = 2, 2, 37, 6, 5
 
 
 def qkv_inputs(n: int = N, dtype=torch.float64, seed: int = 0) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [(B, H, n, S)] * 4 + [(B, H, n, E)]
-    return [torch.randn(shape, generator=generator, dtype=dtype).requires_grad_() for shape in shapes]
+    """quad_q, quad_k, lin_q, lin_k of width S, then v of width E."""
+    return builders.qkv(B, H, n, (S, S, S, S, E), dtype=dtype, seed=seed, requires_grad=True)
 
 
 def padding(n: int = N) -> torch.Tensor:
-    keep = torch.ones(B, n, dtype=torch.bool)
-    keep[1, n - 9 :] = False
-    return keep
+    return builders.padded_tails(n, (n, n - 9))
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

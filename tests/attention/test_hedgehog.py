@@ -1,9 +1,9 @@
 """Hedgehog: learned softmax feature maps, causal prefix sums, recurrent decoding and LoLCATs' sliding window."""
 
+import builders
 import pytest
 import torch
-import torch.nn.functional as F
-from kernel_reference import grads
+from builders import grads
 
 import zoo
 from zoo.attention.hedgehog import hedgehog_attention, hedgehog_features, identity_feature_map
@@ -12,20 +12,18 @@ DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
 
 def make(**options) -> torch.nn.Module:
-    torch.manual_seed(0)
-    attention = zoo.create_attention("hedgehog", DIM, HEADS, **{"feature_dim": 16, "chunk_size": 8, **options})
+    attention = builders.make("hedgehog", DIM, HEADS, **{"feature_dim": 16, "chunk_size": 8, **options})
     with torch.no_grad():
         # Trained maps and window factors, not the identity and 1/2: the tests must see them used.
         attention.feature_map_q.add_(torch.randn_like(attention.feature_map_q) * 0.5)
         attention.feature_map_k.add_(torch.randn_like(attention.feature_map_k) * 0.5)
         if attention.window_factor is not None:
             attention.window_factor.copy_(torch.tensor([-1.0, 2.0]))
-    return attention.eval()
+    return attention
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return F.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def gaussians(*shape, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Linear attention (elu + 1 features) and the recurrent decoding API it shares with Performer."""
 
+import builders
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_reference import grads, naive_kernel_attention
+from builders import grads
+from kernel_reference import naive_kernel_attention
 
 import zoo
 import zoo.attention.linear as linear_module  # registers "linear" even before the package imports it
@@ -20,13 +22,11 @@ DECODERS = {
 
 
 def make(name: str = "linear", **options) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return zoo.create_attention(name, DIM, HEADS, **options).eval()
+    return builders.make(name, DIM, HEADS, **options)
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return F.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def gaussians(*shape, seed: int = 0) -> torch.Tensor:

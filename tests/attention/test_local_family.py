@@ -5,6 +5,7 @@ definition, fed to exact softmax) on outputs and every gradient, at odd lengths 
 several blocks in play; then the exact limits, padding, causality and the approximation error on realistic inputs.
 """
 
+import builders
 import pytest
 import torch
 from torch import nn
@@ -33,8 +34,7 @@ SMALL = {
 
 
 def qkv(n: int, seed: int = 0, heads: int = HEADS, dtype=torch.float32):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(BATCH, heads, n, 8, generator=generator, dtype=dtype).requires_grad_() for _ in range(3)]
+    return builders.qkv(BATCH, heads, n, 8, dtype=dtype, seed=seed, requires_grad=True)
 
 
 def padding(n: int) -> torch.Tensor:
@@ -46,8 +46,7 @@ def padding(n: int) -> torch.Tensor:
 
 
 def inputs(n: int, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return nn.functional.layer_norm(torch.randn(BATCH, n, DIM, generator=generator), (DIM,))
+    return builders.tokens(BATCH, n, DIM, seed)
 
 
 # Naive references: which keys j query i may see, straight from each paper's definition.

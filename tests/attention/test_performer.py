@@ -2,10 +2,12 @@
 
 import math
 
+import builders
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_reference import grads, naive_kernel_attention
+from builders import grads
+from kernel_reference import naive_kernel_attention
 
 import zoo
 from zoo.attention import AttentionBase, on_optimizer_step
@@ -30,13 +32,11 @@ BUFFERS = {"seed", "step", "random_features"}
 
 
 def make(**options) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return zoo.create_attention("performer", DIM, HEADS, **{"nb_features": 24, **options}).eval()
+    return builders.make("performer", DIM, HEADS, **{"nb_features": 24, **options})
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1, dim: int = DIM) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return F.layer_norm(torch.randn(batch, length, dim, generator=generator), (dim,))
+    return builders.tokens(batch, length, dim, seed)
 
 
 def gaussians(*shape, seed: int = 0, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """Linformer, Nystromformer, Synthesizer and softmax-one: exact limits, naive references, padding, sharing, errors."""
 
 import copy
+from functools import partial
 
+import builders
 import pytest
 import torch
 from torch import nn
@@ -18,8 +20,7 @@ HEAD_DIM = DIM // HEADS
 
 
 def tokens(length: int, batch: int = BATCH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return nn.functional.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def heads(length: int, seed: int = 0, dtype=torch.float64) -> tuple[torch.Tensor, ...]:
@@ -30,15 +31,10 @@ def heads(length: int, seed: int = 0, dtype=torch.float64) -> tuple[torch.Tensor
 
 
 def padding(length: int, kept=(30, 20)) -> torch.Tensor:
-    keep = torch.ones(BATCH, length, dtype=torch.bool)
-    for row, n in enumerate(kept):
-        keep[row, n:] = False
-    return keep
+    return builders.padded_tails(length, kept)
 
 
-def build(name: str, **options) -> nn.Module:
-    torch.manual_seed(0)
-    return zoo.create_attention(name, DIM, HEADS, **options).eval()
+build = partial(builders.make, dim=DIM, heads=HEADS)
 
 
 def with_softmax_weights(module: nn.Module) -> nn.Module:

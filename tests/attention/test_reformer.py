@@ -3,6 +3,7 @@ gradients), hashing, causality, padding, rotations, bf16 and approximation quali
 
 import math
 
+import builders
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +16,7 @@ DIM, HEADS, D = 32, 2, 16
 
 
 def layer_normed(batch: int, length: int, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return F.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def rotations(length: int, bucket_size: int, rounds: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
@@ -25,17 +25,14 @@ def rotations(length: int, bucket_size: int, rounds: int, seed: int = 0, dtype=t
 
 
 def qkv(batch: int, length: int, seed: int = 0, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, HEADS, length, D, generator=generator, dtype=dtype) * 2
-    v = torch.randn(batch, HEADS, length, D, generator=generator, dtype=dtype)
-    return q.requires_grad_(), v.requires_grad_()
+    """Shared-QK q (drawn at twice the unit scale) and v."""
+    q, v = builders.qkv(batch, HEADS, length, D, count=2, dtype=dtype, seed=seed)
+    return (q * 2).requires_grad_(), v.requires_grad_()
 
 
-def padding_mask(batch: int, length: int) -> torch.Tensor:
-    keep = torch.ones(batch, length, dtype=torch.bool)
-    keep[0, length // 2 :] = False
-    keep[-1, length - 3 :] = False
-    return keep
+def padding_mask(length: int) -> torch.Tensor:
+    """`[2, length]`: the first sample padded from its middle, the second in its last 3 keys."""
+    return builders.padded_tails(length, (length // 2, length - 3))
 
 
 def shared_qk_softmax(q, v, keep=None, is_causal=False):
@@ -103,7 +100,7 @@ def test_one_bucket_is_exact_shared_qk_attention(is_causal, masked, n_hashes, re
         qk_norm=True,
         norm_layer=nn.LayerNorm,
     ).eval()
-    x, keep = layer_normed(2, 37), padding_mask(2, 37) if masked else None
+    x, keep = layer_normed(2, 37), padding_mask(37) if masked else None
     out = attention(x, attn_mask=keep, is_causal=is_causal)
     q, v = attention.qkv(x).unflatten(-1, (3, HEADS, D)).permute(2, 0, 3, 1, 4)[[0, 2]]
     # Keys are the normalised q after timm's q_norm (k_norm is unused).
@@ -120,7 +117,7 @@ def test_fast_path_matches_the_dense_reference(is_causal, count_duplicates, leng
     # Chunks in blocks with integer codes against the rules on [n, n] matrices and one softmax over the union.
     q, v = qkv(2, length)
     rot = rotations(length, 8, rounds=3, dtype=torch.float64)
-    keep = padding_mask(2, length) if masked else None
+    keep = padding_mask(length) if masked else None
     fast, dense = (
         lsh_attention(q, v, rot, keep, is_causal, bucket_size=8, count_duplicates=count_duplicates, reference=reference)
         for reference in (False, True)

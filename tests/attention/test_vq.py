@@ -1,10 +1,12 @@
 """Transformer-VQ: the linear-time path against the quadratic reference, the exact limit, the commitment loss,
 the EMA codebook (padding, gradient accumulation, data-parallel replicas) and the loss reaching training."""
 
+import builders
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from builders import grads
 
 import zoo
 from zoo.attention import on_optimizer_step
@@ -16,13 +18,11 @@ DIM, HEADS, BATCH, LENGTH, CODES = 32, 2, 2, 37, 16
 
 
 def make(**options) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return zoo.create_attention("vq", DIM, HEADS, **{"codebook_size": CODES, "block_len": 8, **options}).eval()
+    return builders.make("vq", DIM, HEADS, **{"codebook_size": CODES, "block_len": 8, **options})
 
 
 def inputs(batch: int = BATCH, length: int = LENGTH, seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return F.layer_norm(torch.randn(batch, length, DIM, generator=generator), (DIM,))
+    return builders.tokens(batch, length, DIM, seed)
 
 
 def gaussians(*shape, seed: int) -> torch.Tensor:
@@ -38,12 +38,6 @@ def padding(batch: int = BATCH) -> torch.Tensor:
         keep[1, 12:15] = False
         keep[1, 33:] = False
     return keep
-
-
-def grads(out, tensors):
-    """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel)."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
-    return torch.autograd.grad((out * weight).sum(), tensors)
 
 
 def keys_of(attention, x):

@@ -1,11 +1,12 @@
 """`window2d`: the windowed torch path against the dense reference, Swin's shifted-window mask, exact limits,
-locality, prefix tokens, padding, and the grid options."""
+locality, prefix tokens, padding, and the grid options. The module contract it shares with `neighborhood` (batch
+independence, reference switch, bf16, set_grid) is in test_grid_families.py."""
 
+import builders
 import pytest
 import torch
-from kernel_reference import grads
+from builders import grads
 
-import zoo
 from zoo.attention._blocks import allowed_attention
 from zoo.attention.window2d import window2d_attention, window2d_keep
 
@@ -13,21 +14,15 @@ DIM, HEADS = 32, 2
 
 
 def qkv(n: int, batch: int = 2, dtype=torch.float64, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    return tuple(
-        torch.randn(batch, HEADS, n, 8, generator=generator, dtype=dtype, requires_grad=True) for _ in range(3)
-    )
+    return builders.qkv(batch, HEADS, n, 8, dtype=dtype, seed=seed, requires_grad=True)
 
 
 def padding(n: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
-    keep = torch.rand(batch, n, generator=torch.Generator().manual_seed(seed)) > 0.3
-    keep[:, 0] = True
-    return keep
+    return builders.padding(batch, n, drop=0.3, seed=seed)
 
 
 def make(name: str = "window2d", **options):
-    torch.manual_seed(0)
-    return zoo.create_attention(name, DIM, HEADS, qkv_bias=True, **options).eval()
+    return builders.make(name, DIM, HEADS, qkv_bias=True, **options)
 
 
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9)])
@@ -145,34 +140,6 @@ def test_padded_keys_get_no_weight_and_a_fully_padded_window_gives_zeros():
     torch.testing.assert_close(attention(x, keep)[keep], attention(changed, keep)[keep])
 
 
-def test_batch_entries_stay_independent():
-    attention = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1)
-    x = torch.randn(2, 36, DIM)
-    changed = x.clone()
-    changed[1] = changed[1] * 50 + 3
-    torch.testing.assert_close(attention(x)[0], attention(changed)[0])
-
-
-def test_reference_switch_computes_the_same_module_output():
-    fast = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1)
-    reference = make(grid_size=(5, 7), num_prefix_tokens=1, window=3, shift=1, reference=True)
-    reference.load_state_dict(fast.state_dict())
-    x, keep = torch.randn(2, 36, DIM), padding(36)
-    torch.testing.assert_close(fast(x, keep), reference(x, keep), rtol=1e-5, atol=1e-5)
-
-
-def test_bf16_is_finite_and_close_to_float32():
-    attention = make(grid_size=(20, 30), num_prefix_tokens=1, window=7, shift=3).train()
-    x = torch.randn(1, 601, DIM) * 3
-    expected = attention(x)
-    low = attention.to(torch.bfloat16)
-    x16 = x.to(torch.bfloat16).requires_grad_()
-    out = low(x16)
-    out.float().square().mean().backward()
-    assert torch.isfinite(out).all() and torch.isfinite(x16.grad).all()
-    torch.testing.assert_close(out.float(), expected, rtol=0.05, atol=0.05)
-
-
 def test_attention_dropout_reaches_the_weights():
     attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2, attn_drop=0.5).train()
     x = torch.randn(1, 17, DIM)
@@ -180,14 +147,6 @@ def test_attention_dropout_reaches_the_weights():
     first = attention(x)
     torch.manual_seed(1)
     assert (attention(x) - first).abs().max() > 1e-3
-
-
-def test_set_grid_follows_the_image_size():
-    attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2)
-    assert attention(torch.randn(1, 17, DIM)).shape == (1, 17, DIM)
-    attention.set_grid((3, 5))
-    assert attention(torch.randn(1, 16, DIM)).shape == (1, 16, DIM)
-    assert attention.grid_size == (3, 5)
 
 
 def test_shift_true_is_half_a_window():
