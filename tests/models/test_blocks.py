@@ -202,15 +202,14 @@ def test_recipe_with_gau_blocks_validates():
 
 
 def test_engine_passes_the_block_options(monkeypatch):
-    from zoo import kinds as model_kinds
     from zoo.data._sizes import ModelSizes
+    from zoo.kinds import get_model_kind
+    from zoo.kinds import vit as vit_kind
 
     seen = {}
-    monkeypatch.setattr(
-        model_kinds, "create_model", lambda name, **kwargs: seen.update(kwargs) or torch.nn.Linear(1, 1)
-    )
+    monkeypatch.setattr(vit_kind, "create_model", lambda name, **kwargs: seen.update(kwargs) or torch.nn.Linear(1, 1))
     recipe = recipe_from_dict({"name": "x", "model": {"reversible": True, "ff_chunks": 2}})
-    kind = model_kinds.get_model_kind("vit")
+    kind = get_model_kind("vit")
     kind.build(recipe, ModelSizes(num_classes=3, in_chans=1), kind.task(recipe))
     assert seen["block"] == "timm" and seen["reversible"] is True and seen["ff_chunks"] == 2
     assert seen["block_options"] == {}
