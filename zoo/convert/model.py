@@ -426,13 +426,7 @@ def finetune(
     unused. The learning rate follows `schedule` (cosine decay to 0 over `steps`, or constant); gradients are
     clipped to `max_grad_norm` (None: not clipped). Auxiliary attention losses (VQ) are added to the task loss.
     """
-    check_int("steps", steps, 0)
-    _check_positive("lr", lr)
-    _check_positive("temperature", temperature)
-    if not 0 <= distill_weight <= 1:
-        raise ValueError(f"distill_weight={distill_weight!r} must lie in [0, 1]")
-    if lora_rank is not None:
-        check_int("lora_rank", lora_rank, 1)
+    _check_finetune(steps, lr, temperature, distill_weight, lora_rank)
     if teacher is not None:
         teacher = _at_resolution(teacher, _image_size(student))
     flags = {param: param.requires_grad for param in student.parameters()}
@@ -459,11 +453,7 @@ def finetune(
                 optimizer.step()
                 scheduler.step()
                 on_optimizer_step(student)
-                report.losses.append(loss.item())
-                report.task_losses.append(task.item())
-                if distill is not None:
-                    report.distill_losses.append(distill.item())
-                report.steps = step + 1
+                _record(report, step, loss, task, distill)
                 if log_every and (step + 1) % log_every == 0:
                     _logger.info("finetune step %d/%d: loss %.4g", step + 1, steps, report.losses[-1])
     finally:
@@ -473,3 +463,23 @@ def finetune(
         for param, flag in flags.items():
             param.requires_grad_(flag)
     return report
+
+
+def _check_finetune(steps: int, lr: float, temperature: float, distill_weight: float, lora_rank: int | None) -> None:
+    """`finetune`'s settings, each wrong one a one-line error naming it."""
+    check_int("steps", steps, 0)
+    _check_positive("lr", lr)
+    _check_positive("temperature", temperature)
+    if not 0 <= distill_weight <= 1:
+        raise ValueError(f"distill_weight={distill_weight!r} must lie in [0, 1]")
+    if lora_rank is not None:
+        check_int("lora_rank", lora_rank, 1)
+
+
+def _record(report: FinetuneReport, step: int, loss: Tensor, task: Tensor, distill: Tensor | None) -> None:
+    """One step's losses into the report (read on the host once per step)."""
+    report.losses.append(loss.item())
+    report.task_losses.append(task.item())
+    if distill is not None:
+        report.distill_losses.append(distill.item())
+    report.steps = step + 1
