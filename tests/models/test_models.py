@@ -118,6 +118,20 @@ def test_timm_data_config_reports_the_models_own_input(route, tmp_path):
     assert resolve_data_config(model=model)["input_size"] == (1, 512, 256)
 
 
+@pytest.mark.parametrize("in_chans", [2, 4])
+def test_a_model_of_any_channel_count_builds_and_saves(in_chans, tmp_path):
+    """ImageNet's three means say nothing of a 2-channel (microscopy) or 4-channel (satellite) input: each channel
+    gets their mean, and the model builds, runs and loads back as a 1- or 3-channel one does."""
+    from timm.data import resolve_data_config
+
+    model = zoo.create_model("vit_tiny_patch16_224", attention="linear", img_size=32, **{**TINY, "in_chans": in_chans})
+    config = resolve_data_config(model=model)
+    assert config["input_size"] == (in_chans, 32, 32) and len(config["mean"]) == len(config["std"]) == in_chans
+    assert model(torch.randn(1, in_chans, 32, 32)).shape == (1, 10)
+    loaded = zoo.load_model(zoo.save_pretrained(model, tmp_path / "saved"))
+    assert tuple(resolve_data_config(model=loaded)["mean"]) == tuple(config["mean"])
+
+
 def test_reversible_model_is_built_as_its_class_not_patched():
     model = zoo.create_model("vit_tiny_patch16_224", reversible=True, img_size=32, **TINY)
     assert type(model) is ReversibleVisionTransformer and model.pretrained_cfg["architecture"].startswith("zoo_")

@@ -303,8 +303,17 @@ def _report_own_input(model: ZooVisionTransformer) -> None:
     cfg["fixed_input_size"] = not model.dynamic_img_size
     for key in ("mean", "std"):
         if key in cfg and len(cfg[key]) != in_chans:
-            cfg[key] = tuple(per_channel(key, cfg[key], in_chans))
+            cfg[key] = tuple(_architecture_stat(key, cfg[key], in_chans))
     model.pretrained_cfg = model.default_cfg = cfg
+
+
+def _architecture_stat(name: str, values: Sequence[float], in_chans: int) -> list[float]:
+    """The architecture's RGB mean or std for a model of `in_chans` channels. Three values for a channel count
+    other than 1 or 3 (a 2-channel microscope, a 4-channel satellite image) say nothing per channel: each channel
+    gets their mean, as one channel does. A user's own values (`data_config`) go through `per_channel`, strictly."""
+    if len(values) == 3 and in_chans not in (1, 3):
+        return [sum(float(v) for v in values) / 3] * in_chans
+    return per_channel(name, values, in_chans)
 
 
 def _hub_failure(variant: str, error: Exception) -> str:
