@@ -8,6 +8,7 @@ tools/eval.py in fresh processes; a failed run gets its record with the reason. 
     tools/recall.py                                          # the whole default grid (many CPU hours)
     tools/recall.py --variants softmax linear performer local:window=16 --lengths 128 --widths 64 --lrs 3e-3
     tools/recall.py --variants linformer:k=16 --lengths 64 128 --seeds 0 1 2
+    tools/recall.py --speed --out benchmarks/cpu        # time the saved sweep's variants: the recall-speed frontier
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from zoo.cli import run_cli
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.recall import DEFAULT_LENGTHS, DEFAULT_LRS, DEFAULT_VARIANTS, DEFAULT_WIDTHS, run_recall
 from zoo_bench.recall_report import write_report
+from zoo_bench.recall_speed import SPEED_LENGTH, measure_speed
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,6 +51,14 @@ def parse_args() -> argparse.Namespace:
         "--report-only", action="store_true", help="rewrite recall.md and recall.png from the saved recall.json"
     )
     parser.add_argument(
+        "--speed",
+        action="store_true",
+        help="time every variant of the saved sweep with its recall options (recall_speed.json, the frontier)",
+    )
+    parser.add_argument(
+        "--speed-length", type=int, default=SPEED_LENGTH, metavar="N", help="the length --speed times at (%(default)s)"
+    )
+    parser.add_argument(
         "--jobs", type=int, default=1, help="runs at once (default: %(default)s; more only where cores are idle)"
     )
     return parser.parse_args()
@@ -57,10 +67,16 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     out = Path(args.out) if args.out else Path("benchmarks") / device_slug(default_device())
-    if args.report_only:
+    if args.report_only or args.speed:
         if not (out / "recall.json").is_file():
-            raise FileNotFoundError(f"--report-only needs a saved sweep: {out / 'recall.json'} does not exist")
-        write_report(json.loads((out / "recall.json").read_text()), out)
+            flag = "--speed" if args.speed else "--report-only"
+            raise FileNotFoundError(f"{flag} needs a saved sweep: {out / 'recall.json'} does not exist")
+        results = json.loads((out / "recall.json").read_text())
+        if args.speed:
+            labels = [record["label"] for record in results["records"]]
+            command = shlex.join(["tools/recall.py", *sys.argv[1:]])
+            measure_speed(labels, out, length=args.speed_length, command=command, log=print)
+        write_report(results, out)
         print(f"wrote {out}/recall.md and .png")
         return
     run_recall(

@@ -1,10 +1,14 @@
 """Time series data: the .ts parser (checked against sktime's), users' .ts / CSV files, the bundled UCR/UEA
 sets, and the elecdemand forecasting protocol with its baselines, loaded with every socket call blocked."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from zoo.config import load_recipe
+from zoo.data import DataContext, build_dataset
 from zoo.data.collate import PadCollate
 from zoo.data.series.classification import UCR, CsvSeriesDataset, TsFileDataset, bundled_ucr_names, read_ts
 from zoo.data.series.forecast import Elecdemand, ForecastWindows, linear_forecast_scores, seasonal_naive_scores
@@ -71,6 +75,38 @@ def test_csv_series_dataset(tmp_path):
         CsvSeriesDataset(path, label_column="class")
     with pytest.raises(FileNotFoundError, match="gone.csv"):
         CsvSeriesDataset(tmp_path / "gone.csv")
+
+
+def test_augmentation_slices_scales_and_jitters_the_training_split_only(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text(
+        "t0,t1,t2,t3,t4,t5,t6,t7,label\n" + "\n".join(",".join(map(str, range(i, i + 8))) + ",a" for i in range(4))
+    )
+    (tmp_path / "val.csv").write_text(path.read_text())
+    options = {"crop": 0.5, "scale": 0.1, "jitter": 0.05}
+
+    def split(name, **extra):
+        return build_dataset("csv", DataContext(name, is_training=name == "train", root=str(tmp_path)), **extra)
+
+    plain, val = split("train")[0]["values"][:, 0], split("val", **options)[0]["values"][:, 0]
+    assert plain.tolist() == list(range(8)) and val.tolist() == plain.tolist()
+    # window slicing: 4 consecutive steps of the 8, starting anywhere
+    cropper = split("train", crop=0.5)
+    sliced = [cropper[0]["values"][:, 0].tolist() for _ in range(20)]
+    assert all(d == list(range(int(d[0]), int(d[0]) + 4)) for d in sliced)
+    assert len({d[0] for d in sliced}) > 1 and {d[0] for d in sliced} <= set(range(5))
+    # scaling and jitter: the whole series, near its values, a new draw each time
+    noisy = split("train", scale=0.1, jitter=0.05)
+    draws = [noisy[0]["values"][:, 0] for _ in range(20)]
+    assert all(torch.allclose(d, plain, rtol=0.5, atol=0.5) for d in draws)
+    assert not all(torch.equal(draws[0], d) for d in draws[1:])
+    # the same seed draws the same stream
+    again = split("train", **options)
+    assert torch.equal(again[0]["values"], split("train", **options)[0]["values"])
+    # a recipe names the key, the value and the range
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "ucr_plaid_quick.yaml"
+    with pytest.raises(ValueError, match=r"data.options.crop.*\(0, 1\].*got 0"):
+        load_recipe(recipe, ["data.options.crop=0"])
 
 
 def test_bundled_names_checked_before_loading():

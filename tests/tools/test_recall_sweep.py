@@ -169,3 +169,9 @@ def test_a_real_tiny_sweep(tmp_path):
     results = json.loads((tmp_path / "out" / "recall.json").read_text())
     assert [r["status"] for r in results["records"]] == ["ok"]
     assert 0 <= results["records"][0]["test"]["top1"] <= 1
+    # the saved sweep's variants timed: the recall-speed table
+    speed = [sys.executable, str(ROOT / "tools" / "recall.py"), "--speed", "--speed-length", "64"]
+    subprocess.run([*speed, "--out", str(tmp_path / "out")], check=True, cwd=ROOT, capture_output=True, timeout=600)
+    timed = json.loads((tmp_path / "out" / "recall_speed.json").read_text())["records"]
+    assert [(r["label"], r["status"], r["length"]) for r in timed] == [("softmax", "ok", 64)]
+    assert "## Recall against throughput" in (tmp_path / "out" / "recall.md").read_text()

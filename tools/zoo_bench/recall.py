@@ -49,6 +49,7 @@ __all__ = [
     "run_recall",
     "state_size",
     "summarize_cells",
+    "variant_spec",
 ]
 
 # Zoology's Figure 2 lengths, and widths a CPU trains
@@ -119,6 +120,12 @@ def parse_variant(text: str) -> Variant:
             raise ValueError(f"variant {text!r}: option {item!r} is not KEY=VALUE")
         options[key.strip()] = yaml.safe_load(value)
     return Variant(name.strip(), options)
+
+
+def variant_spec(label: str) -> str:
+    """A label back to the text `parse_variant` reads: `local(window=16)` -> `local:window=16`."""
+    name, _, inner = label.partition("(")
+    return f"{name}:{inner.rstrip(')')}" if inner else name
 
 
 def cell_data(length: int) -> dict[str, int]:

@@ -20,7 +20,9 @@ from .recall import (
     parse_variant,
     state_size,
     summarize_cells,
+    variant_spec,
 )
+from .recall_speed import SPEED_FILE, frontier, throughputs
 
 __all__ = ["goals", "write_markdown", "write_report"]
 
@@ -53,10 +55,14 @@ def _plan(results: dict[str, Any]) -> dict[str, list]:
 
 
 def goals(
-    cells: dict[tuple[str, int, int], dict[str, Any]], variants: list[str], planned_cells: int | None = None
+    cells: dict[tuple[str, int, int], dict[str, Any]],
+    variants: list[str],
+    planned_cells: int | None = None,
+    speed: dict[str, Any] | None = None,
 ) -> list[str]:
     """The issue's goals (item 4), each beside the measured number: reached, not reached, or not run.
-    `planned_cells`: cells per variant in the grid (default: those softmax has runs in)."""
+    `planned_cells`: cells per variant in the grid (default: those softmax has runs in); `speed`: the saved
+    `recall_speed.json`, for the frontier."""
     ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
     lines = []
     at_goal = {label: ok.get((label, *GOAL_CELL)) for label in variants}
@@ -89,24 +95,38 @@ def goals(
         lines.append("- performer far below elu+1 linear (Based Figure 3): not run (no cell with both).")
     lines.append(_window_goal(ok))
     far = [(label, cell) for (label, n, d), cell in ok.items() if (n, d) == FAR_CELL]
-    sub = [(label, cell) for label, cell in far if parse_variant(_spec(label)).name not in SUBQUADRATIC_EXCLUDED]
+    sub = [(label, cell) for label, cell in far if parse_variant(variant_spec(label)).name not in SUBQUADRATIC_EXCLUDED]
     if sub:
         label, best = max(sub, key=lambda item: item[1]["top1"])
         verdict = "reached" if best["top1"] >= 0.9 else "not reached"
         lines.append(f"- best sub-quadratic variant >= 0.9 at length 512, width 128: {verdict}: {label} {_fmt(best)}.")
     else:
         lines.append("- best sub-quadratic variant >= 0.9 at length 512, width 128: not run.")
-    lines.append(
-        "- recall-versus-throughput frontier with the variants on it named: not yet (this sweep records training "
-        "wall time on a shared CPU only, not a throughput measurement)."
-    )
+    lines.append(_frontier_goal(ok, speed))
     return lines
 
 
-def _spec(label: str) -> str:
-    """`local(window=16)` -> `local:window=16`."""
-    name, _, inner = label.partition("(")
-    return f"{name}:{inner.rstrip(')')}" if inner else name
+def frontier_points(
+    ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None
+) -> dict[str, tuple[float, float]]:
+    """Label -> (recall at the goal cell, forward + backward tokens per second) for the variants with both."""
+    rates = throughputs(speed) if speed else {}
+    return {
+        label: (ok[(label, *GOAL_CELL)]["top1"], rate) for label, rate in rates.items() if (label, *GOAL_CELL) in ok
+    }
+
+
+def _frontier_goal(ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None) -> str:
+    goal = "- recall-versus-throughput frontier with the variants on it named"
+    points = frontier_points(ok, speed)
+    if len(points) < 2:
+        return f"{goal}: not run (`tools/recall.py --speed` times the variants; fewer than 2 have both numbers)."
+    length = speed["metadata"]["length"]
+    named = ", ".join(f"{label} ({points[label][0]:.3f}, {points[label][1]:,.0f} tok/s)" for label in frontier(points))
+    return (
+        f"- recall-versus-throughput frontier with the variants on it named: {named}: MQAR at L={GOAL_CELL[0]}, "
+        f"d={GOAL_CELL[1]} against forward + backward tokens per second at N={length:,} (recall_frontier.png)."
+    )
 
 
 def _window_goal(ok: dict[tuple[str, int, int], dict[str, Any]]) -> str:
@@ -114,7 +134,7 @@ def _window_goal(ok: dict[tuple[str, int, int], dict[str, Any]]) -> str:
     for n, d in sorted({(n, d) for (_, n, d) in ok}):
         windows = []
         for (label, ln, ld), cell in ok.items():
-            variant = parse_variant(_spec(label))
+            variant = parse_variant(variant_spec(label))
             if (ln, ld) == (n, d) and variant.name == "local" and "window" in variant.options:
                 windows.append((variant.options["window"], cell["top1"]))
         if len(windows) >= 2:
@@ -133,7 +153,7 @@ def _left_out(labels: list[str]) -> str:
     """The registered variants with no label in the grid, with the reason when the registry gives one."""
     from zoo.attention import get_attention, list_attentions
 
-    named = {parse_variant(_spec(label)).name for label in labels}
+    named = {parse_variant(variant_spec(label)).name for label in labels}
     missing = [name for name in list_attentions() if name not in named]
     if not missing:
         return "Every registered variant is in the grid."
@@ -141,7 +161,8 @@ def _left_out(labels: list[str]) -> str:
     return f"Registered variants not in this grid: {', '.join(reasons)}."
 
 
-def write_markdown(results: dict[str, Any], path: Path) -> None:
+def write_markdown(results: dict[str, Any], path: Path, speed: dict[str, Any] | None = None) -> None:
+    """`speed`: the saved `recall_speed.json`, for the frontier's goal line and table."""
     proto, plan = results["protocol"], _plan(results)
     cells = summarize_cells(results["records"])
     written = (
@@ -163,7 +184,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         "",
         "## Goals (issue 21, item 4) beside the measured numbers",
         "",
-        *goals(cells, plan["variants"], len(plan["lengths"]) * len(plan["widths"])),
+        *goals(cells, plan["variants"], len(plan["lengths"]) * len(plan["widths"]), speed),
         "",
     ]
     for width in plan["widths"]:
@@ -171,7 +192,7 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
         lines.append("| variant | causal | " + " | ".join(f"L={n}" for n in plan["lengths"]) + " | state at L=512 |")
         lines.append("|---|---|" + "---|" * len(plan["lengths"]) + "---|")
         for label in plan["variants"]:
-            variant = parse_variant(_spec(label))
+            variant = parse_variant(variant_spec(label))
             row = [_fmt(cells.get((label, n, width))) for n in plan["lengths"]]
             heads = proto["model"].get("num_heads") or 2
             state = state_size(variant, 512, width, heads)
@@ -180,6 +201,8 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
             )
         lines.append("")
     lines += [_left_out(plan["variants"]), ""]
+    if speed:
+        lines += _speed_table(cells, speed)
     lines += ["## Runs per cell (learning rate chosen, seeds, mean training wall time)", ""]
     lines += ["| variant | L | d | lr | seeds | lrs tried | per seed | train s |", "|---|---|---|---|---|---|---|---|"]
     for (label, n, d), cell in sorted(cells.items()):
@@ -195,6 +218,63 @@ def write_markdown(results: dict[str, Any], path: Path) -> None:
     lines += ["d: width, h: heads, e = d / h, N: length; options as each variant's label, else its defaults.", ""]
     lines += [f"- `{name}`: {formula}" for name, formula in STATE_FORMULAS.items()]
     path.write_text("\n".join(lines) + "\n")
+
+
+def _speed_table(cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any]) -> list[str]:
+    meta = speed["metadata"]
+    ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
+    points = frontier_points(ok, speed)
+    on = set(frontier(points))
+    settings = meta["settings"]
+    lines = [
+        f"## Recall against throughput (MQAR at L={GOAL_CELL[0]}, d={GOAL_CELL[1]}; speed at N={meta['length']:,})",
+        "",
+        f"Written by `{meta['command']}` on {meta['device_name']}, {meta['date']}: each variant with its recall "
+        f"options, forward + backward of one attention module (qkv and proj included) at batch {settings['batch']}, "
+        f"width {settings['dim']}, {settings['heads']} heads, {settings['dtype']}, {settings['threads']} threads, "
+        f"median of {settings['repeats']}; {meta['causal']} ({SPEED_FILE}). On the frontier: no other variant has "
+        "at least its recall and at least its throughput.",
+        "",
+        "| variant | MQAR | fwd+bwd s | tokens/s | on the frontier |",
+        "|---|---|---|---|---|",
+    ]
+    rates = throughputs(speed)
+    for record in sorted(speed["records"], key=lambda r: -rates.get(r["label"], 0.0)):
+        label = record["label"]
+        recall = _fmt(cells.get((label, *GOAL_CELL)))
+        if record["status"] != "ok":
+            lines.append(f"| {label} | {recall} | {record['status']}: {record.get('message', '')[:80]} | - | - |")
+            continue
+        mark = "yes" if label in on else ("no" if label in points else "no recall cell")
+        lines.append(f"| {label} | {recall} | {record['fwd_bwd_s']:.3g} | {rates[label]:,.0f} | {mark} |")
+    return [*lines, ""]
+
+
+def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = summarize_cells(results["records"])
+    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed)
+    if not points:
+        return
+    on = frontier(points)
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for label, (recall, rate) in points.items():
+        ax.scatter(rate, recall, color="C3" if label in on else "C0", zorder=3)
+        ax.annotate(label, (rate, recall), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    ax.plot([points[label][1] for label in on], [points[label][0] for label in on], color="C3", linewidth=1)
+    ax.set_xscale("log")
+    meta = speed["metadata"]
+    ax.set_xlabel(f"forward + backward tokens/s at N={meta['length']:,} ({meta['device_name']})")
+    ax.set_ylabel(f"MQAR test accuracy (L={GOAL_CELL[0]}, d={GOAL_CELL[1]})")
+    ax.set_ylim(-0.03, 1.05)
+    ax.set_title("Recall against throughput; red: the frontier")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -226,7 +306,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     heads = proto["model"].get("num_heads") or 2
     for label in variants:
         points = [
-            (state_size(parse_variant(_spec(label)), n, d, heads), cell["top1"])
+            (state_size(parse_variant(variant_spec(label)), n, d, heads), cell["top1"])
             for (lab, n, d), cell in cells.items()
             if lab == label and cell["status"] == "ok"
         ]
@@ -253,6 +333,10 @@ def write_report(results: dict[str, Any], out_dir: Path | str, *, figure: bool =
     tmp = out_dir / "recall.json.tmp"
     tmp.write_text(json.dumps(results, indent=1, default=str) + "\n")
     tmp.replace(out_dir / "recall.json")
-    write_markdown(results, out_dir / "recall.md")
+    speed_path = out_dir / SPEED_FILE
+    speed = json.loads(speed_path.read_text()) if speed_path.is_file() else None
+    write_markdown(results, out_dir / "recall.md", speed)
     if figure and importlib.util.find_spec("matplotlib") is not None:
         plot(results, out_dir / "recall.png")
+        if speed:
+            plot_frontier(results, speed, out_dir / "recall_frontier.png")

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .._random import WorkerStream
+
 __all__ = [
     "CLS_ID",
     "IUPAC_CODES",
@@ -160,15 +162,7 @@ class ReverseComplement:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"reverse-complement probability must be in [0, 1], got {p!r}")
         self.p, self.seed = float(p), int(seed)
-        self._rng, self._worker_seed = None, None
-
-    def _generator(self) -> np.random.Generator:
-        info = torch.utils.data.get_worker_info()
-        worker_seed = None if info is None else info.seed
-        if self._rng is None or worker_seed != self._worker_seed:
-            entropy = [self.seed] if worker_seed is None else [self.seed, worker_seed]
-            self._rng, self._worker_seed = np.random.default_rng(entropy), worker_seed
-        return self._rng
+        self._generator = WorkerStream(seed)
 
     def __call__(self, codes: np.ndarray) -> tuple[np.ndarray, bool]:
         """Codes ``[L]`` -> (codes or their reverse complement ``[L]``, whether it was flipped)."""

@@ -32,6 +32,7 @@ from ..._validate import did_you_mean
 from .._registry import DataContext, register_dataset
 from .._tables import NanPolicy, apply_nan_policy, parse_cells, read_table
 from ..collate import check_split, stratified_split
+from .augment import AugmentOptions, SeriesAugment, series_augment
 
 __all__ = [
     "UCR",
@@ -140,6 +141,8 @@ class SeriesDataset(Dataset):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.in_chans = self.series[0].shape[0] if self.series else 0
         self.max_length = max((s.shape[1] for s in self.series), default=0)
+        # the training split's augmentation (`series_augment`), applied after znorm
+        self.augment: SeriesAugment | None = None
 
     @property
     def num_classes(self) -> int:
@@ -162,6 +165,8 @@ class SeriesDataset(Dataset):
             mean = np.nanmean(np.where(observed, values, np.nan), axis=0)
             std = np.nanstd(np.where(observed, values, np.nan), axis=0)
             values = (values - mean) / np.where(std > 0, std, 1.0)
+        if self.augment is not None:
+            values, observed = self.augment(values, observed)
         values = np.where(observed, values, 0.0).astype(np.float32)
         return {
             "values": torch.from_numpy(values),
@@ -314,7 +319,7 @@ def _split_file(root: str, split: str, suffix: str) -> Path:
 
 
 @dataclass(kw_only=True)
-class UCROptions:
+class UCROptions(AugmentOptions):
     """``data.options`` of ucr (see ``UCR``)."""
 
     # a set bundled with sktime, e.g. ACSF1, PLAID (zoo.data.series.classification.bundled_ucr_names)
@@ -332,11 +337,11 @@ def build_ucr(options: UCROptions, context: DataContext) -> UCR:
     dataset = UCR(
         options.ucr_name, context.split, val_fraction=options.val_fraction, znorm=options.znorm, nan=options.nan
     )
-    return dataset.keep(context.subset(len(dataset), f"series of UCR {options.ucr_name} {context.split}"))
+    return _finish(dataset, options, context, f"series of UCR {options.ucr_name} {context.split}")
 
 
 @dataclass(kw_only=True)
-class SeriesFileOptions:
+class SeriesFileOptions(AugmentOptions):
     """``data.options`` of ts."""
 
     znorm: bool = False
@@ -351,11 +356,11 @@ def build_ts(options: SeriesFileOptions, context: DataContext) -> TsFileDataset:
     classes = read_ts(_split_file(context.root, "train", ".ts")).class_names
     path = _split_file(context.root, context.split, ".ts")
     dataset = TsFileDataset(path, classes=classes, znorm=options.znorm, nan=options.nan)
-    return dataset.keep(context.subset(len(dataset), f"series of {str(path)!r}"))
+    return _finish(dataset, options, context, f"series of {str(path)!r}")
 
 
 @dataclass(kw_only=True)
-class CsvOptions:
+class CsvOptions(AugmentOptions):
     """``data.options`` of csv (see ``CsvSeriesDataset``)."""
 
     label_column: str = "label"
@@ -373,4 +378,10 @@ def build_csv(options: CsvOptions, context: DataContext) -> CsvSeriesDataset:
     dataset = CsvSeriesDataset(
         path, label_column=options.label_column, classes=classes, znorm=options.znorm, nan=options.nan
     )
-    return dataset.keep(context.subset(len(dataset), f"series of {str(path)!r}"))
+    return _finish(dataset, options, context, f"series of {str(path)!r}")
+
+
+def _finish(dataset: SeriesDataset, options: AugmentOptions, context: DataContext, what: str) -> SeriesDataset:
+    """The series a recipe keeps (`DataContext.subset`) and the training split's augmentation."""
+    dataset.augment = series_augment(options, context.is_training, context.seed)
+    return dataset.keep(context.subset(len(dataset), what))
