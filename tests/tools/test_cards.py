@@ -77,3 +77,21 @@ def test_recall_is_read_where_softmax_learned_the_task():
 )
 def test_pick_this_when_follows_the_rules(facts, says):
     assert says in cards.pick_this_when("any", facts)
+
+
+def test_the_frontier_column_marks_the_variants_on_it():
+    def run(label, top1):
+        record = {"variant": label.split("(")[0], "label": label, "status": "ok", "length": 128, "width": 64}
+        return {**record, "test": {"top1": top1}}
+
+    sweep = _sweep(run("softmax", 1.0), run("linear", 0.8), run("performer", 0.05), run("local(window=8)", 0.3))
+    timed = {"softmax": 2.0, "linear": 0.5, "performer": 1.0, "local(window=8)": 0.25}
+    records = [{"label": label, "length": 1024, "status": "ok", "fwd_bwd_s": s} for label, s in timed.items()]
+    speed = {"metadata": {"settings": {"batch": 1}}, "records": records}
+    # performer is slower than linear and recalls less: off the frontier, the others on it
+    assert cards._frontier([sweep, speed], "performer") == cards.Fact("off it: performer 0.050, 1,024 tok/s", 0.0)
+    assert cards._frontier([sweep, speed], "local").text == "on it: local(window=8) 0.300, 4,096 tok/s"
+    assert cards._frontier([sweep], "local") is None
+    assert "on the recall-throughput frontier" in cards.pick_this_when(
+        "x", {"recall-speed frontier": cards.Fact("", 1)}
+    )

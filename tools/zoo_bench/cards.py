@@ -22,6 +22,8 @@ from zoo.attention import list_attentions
 
 from .machine import REPO_ROOT
 from .recall import summarize_cells
+from .recall_report import GOAL_CELL
+from .recall_speed import frontier, frontier_points
 
 __all__ = ["COLUMNS", "RULES", "Column", "Fact", "cards_markdown", "write_cards"]
 
@@ -85,6 +87,25 @@ def _recall(data: list[dict[str, Any]], name: str) -> Fact | None:
     _, length, top1, width, label, gpu = max(found)
     shown = "" if label == name else f" {label}"
     return Fact(f"{top1:.3f} at L={length}, d={width}{shown}{' (GPU)' if gpu else ''}", top1)
+
+
+def _frontier(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Whether one of the variant's configurations is on the recall-versus-throughput frontier (recall_speed.py):
+    value 1 on it, 0 off it."""
+    recall = next((d for d in data if "protocol" in d), None)
+    speed = next((d for d in data if "metadata" in d), None)
+    if recall is None or speed is None:
+        return None
+    cells = summarize_cells(recall["records"])
+    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed, GOAL_CELL)
+    mine = [label for label in points if label.split("(")[0] == name]
+    if not mine:
+        return None
+    on = [label for label in frontier(points) if label in mine]
+    shown = on or [max(mine, key=lambda label: points[label])]
+    label = shown[0]
+    text = f"{'on it' if on else 'off it'}: {label} {points[label][0]:.3f}, {points[label][1]:,.0f} tok/s"
+    return Fact(text, 1.0 if on else 0.0)
 
 
 def _listops(data: list[dict[str, Any]], name: str) -> Fact | None:
@@ -183,6 +204,15 @@ COLUMNS = (
         _recall,
     ),
     Column(
+        "recall-speed frontier",
+        ("benchmarks/cpu/recall.json", "benchmarks/cpu/recall_speed.json"),
+        "benchmarks/cpu/recall.md",
+        f"MQAR at length {GOAL_CELL[0]}, width {GOAL_CELL[1]} against forward + backward tokens per second of one "
+        "layer (dim 512, 8 heads, fp32, CPU) at 16K tokens with the same options: on the frontier when no variant "
+        "has both more recall and more speed",
+        _frontier,
+    ),
+    Column(
         "ListOps",
         ("benchmarks/cpu/leaderboard_lra_listops_quick.json",),
         "benchmarks/cpu/leaderboard_lra_listops_quick.md",
@@ -263,6 +293,12 @@ RULES = (
     ),
     Rule("recall (MQAR)", lambda a: a >= 0.9, lambda a: f"tasks that recall tokens (MQAR {a:.2f})", ">= 0.9"),
     Rule("recall (MQAR)", lambda a: a < 0.5, lambda a: f"not for recall (MQAR {a:.2f})", "< 0.5"),
+    Rule(
+        "recall-speed frontier",
+        lambda on: on == 1.0,
+        lambda on: "the most recall at its speed (on the recall-throughput frontier)",
+        "on the frontier",
+    ),
     Rule("ListOps", lambda s: s >= 32.0, lambda s: f"long-range classification (ListOps {s:.1f})", ">= 32 %"),
     Rule("ListOps", lambda s: s < 20.0, lambda s: f"did not learn ListOps in 600 steps ({s:.1f})", "< 20 %"),
     Rule(

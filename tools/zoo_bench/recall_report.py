@@ -22,7 +22,7 @@ from .recall import (
     summarize_cells,
     variant_spec,
 )
-from .recall_speed import SPEED_FILE, frontier, throughputs
+from .recall_speed import SPEED_FILE, frontier, frontier_points, throughputs
 
 __all__ = ["goals", "write_markdown", "write_report"]
 
@@ -106,19 +106,9 @@ def goals(
     return lines
 
 
-def frontier_points(
-    ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None
-) -> dict[str, tuple[float, float]]:
-    """Label -> (recall at the goal cell, forward + backward tokens per second) for the variants with both."""
-    rates = throughputs(speed) if speed else {}
-    return {
-        label: (ok[(label, *GOAL_CELL)]["top1"], rate) for label, rate in rates.items() if (label, *GOAL_CELL) in ok
-    }
-
-
 def _frontier_goal(ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None) -> str:
     goal = "- recall-versus-throughput frontier with the variants on it named"
-    points = frontier_points(ok, speed)
+    points = frontier_points(ok, speed, GOAL_CELL)
     if len(points) < 2:
         return f"{goal}: not run (`tools/recall.py --speed` times the variants; fewer than 2 have both numbers)."
     length = speed["metadata"]["length"]
@@ -223,7 +213,7 @@ def write_markdown(results: dict[str, Any], path: Path, speed: dict[str, Any] | 
 def _speed_table(cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any]) -> list[str]:
     meta = speed["metadata"]
     ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
-    points = frontier_points(ok, speed)
+    points = frontier_points(ok, speed, GOAL_CELL)
     on = set(frontier(points))
     settings = meta["settings"]
     lines = [
@@ -257,7 +247,7 @@ def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) ->
     import matplotlib.pyplot as plt
 
     cells = summarize_cells(results["records"])
-    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed)
+    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed, GOAL_CELL)
     if not points:
         return
     on = frontier(points)

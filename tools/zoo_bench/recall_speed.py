@@ -21,7 +21,7 @@ from .measure import Settings, single_config
 from .recall import parse_variant, variant_spec
 from .sweep import metadata, run_config
 
-__all__ = ["SPEED_FILE", "SPEED_LENGTH", "frontier", "measure_speed", "throughputs"]
+__all__ = ["SPEED_FILE", "SPEED_LENGTH", "frontier", "frontier_points", "measure_speed", "throughputs"]
 
 SPEED_FILE = "recall_speed.json"
 # long enough that the quadratic variants pay for it, short enough that every variant fits a CPU's memory
@@ -71,3 +71,12 @@ def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
         return any(b[0] >= a[0] and b[1] >= a[1] and b != a for b in points.values())
 
     return sorted((label for label, point in points.items() if not beaten(point)), key=lambda x: points[x][1])
+
+
+def frontier_points(
+    ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None, cell: tuple[int, int]
+) -> dict[str, tuple[float, float]]:
+    """Label -> (test accuracy at the recall `cell` (length, width), tokens per second) for the variants with both;
+    `ok`: the sweep's cells that ran (`summarize_cells`)."""
+    rates = throughputs(speed) if speed else {}
+    return {label: (ok[(label, *cell)]["top1"], rate) for label, rate in rates.items() if (label, *cell) in ok}
