@@ -74,3 +74,12 @@ def test_the_report_names_the_frontier(tmp_path):
     assert "| linear | 0.800 ± 0.000 | 0.5 | 2,048 | yes |" in text
     assert "| synthesizer | not run | oom: out of memory | - | - |" in text
     assert (tmp_path / "recall_frontier.png").stat().st_size > 0
+
+
+def test_recall_ties_at_the_shown_precision():
+    ok = {("a", 128, 64): {"top1": 0.99985}, ("b", 128, 64): {"top1": 0.99984}}
+    speed = {"metadata": {"settings": {"batch": 1}}, "records": []}
+    speed["records"] = [{"label": k, "length": 100, "status": "ok", "fwd_bwd_s": s} for k, s in (("a", 2), ("b", 1))]
+    points = recall_speed.frontier_points(ok, speed, (128, 64))
+    # a's recall is higher only beyond the shown decimals: b, as accurate and faster, is the frontier alone
+    assert frontier(points) == ["b"]
