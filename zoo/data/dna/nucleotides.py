@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .._random import WorkerStream
+from .._streams import WorkerStream
 
 __all__ = [
     "CLS_ID",

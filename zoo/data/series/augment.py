@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._random import WorkerStream
+from .._streams import WorkerStream
 
 __all__ = ["AugmentOptions", "SeriesAugment", "series_augment"]
 
