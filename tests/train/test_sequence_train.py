@@ -154,7 +154,10 @@ def test_causal_lm_on_dna(tmp_path):
             ["model.sequence.patch_len=32"],
             "model.sequence.patch_len: only input 'series' uses it (input is 'kmer'); leave it at 16, got 32",
         ),
-        (["data.name=ucr"], "data.options.window: unknown key; allowed: ucr_name, val_fraction, znorm, nan"),
+        (
+            ["data.name=ucr"],
+            "data.options.window: unknown key; allowed: crop, scale, jitter, ucr_name, val_fraction, znorm, nan",
+        ),
     ],
 )
 def test_malformed_1d_recipes_give_one_line(overrides, message):
