@@ -77,7 +77,7 @@ def test_the_report_names_the_frontier(tmp_path):
 
 
 def test_recall_ties_at_the_shown_precision():
-    ok = {("a", 128, 64): {"top1": 0.99985}, ("b", 128, 64): {"top1": 0.99984}}
+    ok = {("a", 128, 64): {"status": "ok", "top1": 0.99985}, ("b", 128, 64): {"status": "ok", "top1": 0.99984}}
     speed = {"metadata": {"settings": {"batch": 1}}, "records": []}
     speed["records"] = [{"label": k, "length": 100, "status": "ok", "fwd_bwd_s": s} for k, s in (("a", 2), ("b", 1))]
     points = recall_speed.frontier_points(ok, speed, (128, 64))

@@ -96,14 +96,12 @@ def _frontier(data: list[dict[str, Any]], name: str) -> Fact | None:
     speed = next((d for d in data if "metadata" in d), None)
     if recall is None or speed is None:
         return None
-    cells = summarize_cells(recall["records"])
-    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed, GOAL_CELL)
+    points = frontier_points(summarize_cells(recall["records"]), speed, GOAL_CELL)
     mine = [label for label in points if label.split("(")[0] == name]
     if not mine:
         return None
     on = [label for label in frontier(points) if label in mine]
-    shown = on or [max(mine, key=lambda label: points[label])]
-    label = shown[0]
+    label = on[0] if on else max(mine, key=lambda label: points[label])
     text = f"{'on it' if on else 'off it'}: {label} {points[label][0]:.3f}, {points[label][1]:,.0f} tok/s"
     return Fact(text, 1.0 if on else 0.0)
 

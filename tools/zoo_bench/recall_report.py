@@ -212,8 +212,7 @@ def write_markdown(results: dict[str, Any], path: Path, speed: dict[str, Any] | 
 
 def _speed_table(cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any]) -> list[str]:
     meta = speed["metadata"]
-    ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
-    points = frontier_points(ok, speed, GOAL_CELL)
+    points = frontier_points(cells, speed, GOAL_CELL)
     on = set(frontier(points))
     settings = meta["settings"]
     lines = [
@@ -247,7 +246,7 @@ def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) ->
     import matplotlib.pyplot as plt
 
     cells = summarize_cells(results["records"])
-    points = frontier_points({k: c for k, c in cells.items() if c["status"] == "ok"}, speed, GOAL_CELL)
+    points = frontier_points(cells, speed, GOAL_CELL)
     if not points:
         return
     on = frontier(points)

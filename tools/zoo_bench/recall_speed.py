@@ -74,12 +74,15 @@ def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
 
 
 def frontier_points(
-    ok: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None, cell: tuple[int, int]
+    cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[str, Any] | None, cell: tuple[int, int]
 ) -> dict[str, tuple[float, float]]:
     """Label -> (test accuracy at the recall `cell` (length, width), tokens per second) for the variants with both;
-    `ok`: the sweep's cells that ran (`summarize_cells`). Accuracy to the 3 decimals the reports show: 0.99985
-    against 0.99984 is a tie, not a reason to be on the frontier."""
+    `cells`: the sweep's (`summarize_cells`), of which those that ran count. Accuracy to the 3 decimals the reports
+    show: 0.99985 against 0.99984 is a tie, not a reason to be on the frontier."""
     rates = throughputs(speed) if speed else {}
+    recalls = {label: cells.get((label, *cell), {}) for label in rates}
     return {
-        label: (round(ok[(label, *cell)]["top1"], 3), rate) for label, rate in rates.items() if (label, *cell) in ok
+        label: (round(recalls[label]["top1"], 3), rate)
+        for label, rate in rates.items()
+        if recalls[label].get("status") == "ok"
     }

@@ -45,12 +45,12 @@ class SeriesAugment:
             start = int(rng.integers(0, steps - kept + 1))
             values, observed = values[start : start + kept], observed[start : start + kept]
         if self.scale > 0:
-            values = values * rng.normal(1.0, self.scale, size=(1, channels)).astype(np.float32)
+            values = values * rng.normal(1.0, self.scale, size=(1, channels)).astype(values.dtype)
         if self.jitter > 0:
             spread = np.nanstd(np.where(observed, values, np.nan), axis=0, keepdims=True)
             spread = np.where(np.isfinite(spread) & (spread > 0), spread, 1.0)
-            values = values + rng.normal(0.0, self.jitter, size=values.shape).astype(np.float32) * spread
-        return values.astype(np.float32), observed
+            values = values + rng.normal(0.0, self.jitter, size=values.shape).astype(values.dtype) * spread
+        return values, observed
 
 
 def series_augment(options: AugmentOptions, is_training: bool, seed: int) -> SeriesAugment | None:
