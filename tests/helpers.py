@@ -8,6 +8,7 @@ their own helpers, and a conftest.py cannot be imported reliably (pytest loads o
 from __future__ import annotations
 
 import copy
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,13 @@ def shrink_1d(max_steps: int) -> list[str]:
         "train.mixed_precision=no",
         "schedule.warmup_steps=1",
     ]
+
+
+def free_port() -> int:
+    """A port no process listens on, for a torchrun launch (a fixed one collides with a run beside it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def write_recipe(path: Path, tree: dict) -> Path:

@@ -31,7 +31,7 @@ from helpers import reset_accelerate
 
 from zoo.config import Recipe, load_recipe
 from zoo.data import _debian as debian
-from zoo.train.distributed import whole_state
+from zoo.train.distributed import end_processes, whole_state
 from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +151,7 @@ def main(strategies: list[str], out: Path, names: list[str]) -> None:
                 print(json.dumps(records[-1]), file=sys.stderr, flush=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
         out.write_text(json.dumps(records, indent=1))
+    end_processes()
 
 
 if __name__ == "__main__":

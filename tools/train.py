@@ -18,6 +18,7 @@ from pathlib import Path
 
 from zoo.cli import add_overrides, log_to, run_cli
 from zoo.config import load_recipe
+from zoo.train.distributed import end_processes
 from zoo.train.loop import Trainer, find_checkpoint
 
 
@@ -58,6 +59,7 @@ def main() -> None:
             )
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     Trainer(recipe, run_dir, resume=resume or False).fit()
+    end_processes()
 
 
 if __name__ == "__main__":

@@ -4,14 +4,13 @@ and checkpoints, the same weights after a resume, evaluation of the result; one 
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
+from helpers import free_port, reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 from torch import nn
 
@@ -49,12 +48,6 @@ TINY = tiny_vit_recipe(
 
 def recipe_file(folder: Path, **train) -> Path:
     return write_recipe(folder / "tiny_fsdp.yaml", with_sections(TINY, train=train))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def torchrun(recipe: Path, run_dir: Path, *overrides: str, resume: bool = False) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reset_accelerate, run_tool, tiny_vit_recipe, with_sections, write_recipe
+from helpers import free_port, reset_accelerate, run_tool, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 
 import zoo
@@ -118,7 +118,7 @@ def test_two_cpu_processes_end_with_identical_replicas(tmp_path):
             "--nproc_per_node",
             "2",
             "--master_port",
-            "29517",
+            str(free_port()),
             str(ROOT / "tools" / "train.py"),
             str(recipe),
             "--output",

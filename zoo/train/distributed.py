@@ -163,6 +163,14 @@ def build_accelerator(
     return accelerator
 
 
+def end_processes() -> None:
+    """Leave the process group a launcher (torchrun, accelerate launch) started, once a run ended well. Left to the
+    interpreter's exit, gloo's threads are destroyed still running and a process that finished its run aborts
+    ("terminate called without an active exception"), failing the launch. A failed run skips it: its peers may be
+    waiting in a collective, and the launcher ends them."""
+    PartialState().destroy_process_group()
+
+
 def _shard_on_cpu(accelerator: Accelerator, plugin: FullyShardedDataParallelPlugin) -> None:
     """What `AcceleratorState` does for FSDP on a GPU (accelerate/state.py), for a gloo run on the CPU."""
     state = accelerator.state
