@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import types
 import typing
 from collections.abc import Mapping
@@ -67,7 +68,7 @@ def build(cls: type, value: Any, key: str) -> Any:
     if not isinstance(value, Mapping):
         raise RecipeError(f"expected a mapping, got {show(value)}", key=key or None)
     flat = next((f for f in dataclasses.fields(cls) if "options_of" in f.metadata), None)
-    names = [f.name for f in dataclasses.fields(cls) if f is not flat]
+    names = [name for name in _field_names(cls) if flat is None or name != flat.name]
     for name in value:
         if name not in names and flat is None:
             raise RecipeError(unknown_key(name, names), key=join(key, name))
@@ -91,13 +92,20 @@ def build(cls: type, value: Any, key: str) -> Any:
     return obj
 
 
+def _field_names(cls: type) -> list[str]:
+    """The dataclass's field names, its own before those it inherits: an error lists the keys a section is about
+    first (a series dataset's own options before the augmentation options every series dataset takes)."""
+    own = inspect.get_annotations(cls)
+    return sorted((f.name for f in dataclasses.fields(cls)), key=lambda name: name not in own)
+
+
 def _flat_options(f: dataclasses.Field, value: Mapping, names: list[str], picked: Any, key: str) -> Any:
     """The options dataclass that the sibling field picks (``model.kind``), built from the keys of ``value`` that
     are not the section's own (``names``). A key of another choice's dataclass is taken only at its default there
     (a resolved recipe lists every key); any other key is unknown."""
     picker, schema_for, every_schema = f.metadata["options_of"]
     schema = schema_for(picked)
-    allowed = [g.name for g in dataclasses.fields(schema)]
+    allowed = _field_names(schema)
     elsewhere = {
         g.name: (owner, other)
         for owner, other in every_schema().items()

@@ -7,7 +7,7 @@ import pytest
 
 from zoo_bench import recall, recall_speed, sweep
 from zoo_bench.measure import Settings
-from zoo_bench.recall_report import write_report
+from zoo_bench.recall_report import _label_offsets, write_report
 from zoo_bench.recall_speed import frontier, measure_speed, throughputs
 
 TINY = Settings(dim=32, heads=2, threads=1, repeats=1, warmup=0, error_rows=8)
@@ -31,6 +31,13 @@ def test_frontier_keeps_the_points_nothing_beats_on_both():
     # c is beaten by b on both; b and d tie, neither beats the other; slowest (most recall) first
     assert frontier(points) == ["a", "b", "d", "e"]
     assert frontier({"x": (0.5, 5.0)}) == ["x"]
+
+
+def test_labels_of_neighbouring_points_take_separate_lines():
+    points = {"softmax": (1.0, 2555.0), "softmax1": (1.0, 2600.0), "bigbird": (1.0, 9102.0), "linear": (0.82, 12708.0)}
+    offsets = _label_offsets(points)
+    assert offsets["softmax"] != offsets["softmax1"]
+    assert offsets["bigbird"] == offsets["linear"] == 3
 
 
 def test_each_variant_is_timed_with_its_recall_options_and_causal_mode(tmp_path, in_process):

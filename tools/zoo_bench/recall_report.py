@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,21 @@ def _speed_table(cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[
     return [*lines, ""]
 
 
+_CROWD = 0.1
+
+
+def _label_offsets(points: dict[str, tuple[float, float]]) -> dict[str, int]:
+    """Vertical offsets (in points) of the labels: one line lower for a label next to one already placed (a tenth
+    of a decade of speed and 0.03 of recall apart, as softmax and softmax1)."""
+    placed: list[tuple[float, float, int]] = []
+    for label, (recall, rate) in sorted(points.items(), key=lambda item: item[1][1]):
+        offset = 3
+        while any(abs(math.log10(rate / r)) < 0.1 and abs(recall - a) < 0.03 and o == offset for a, r, o, _ in placed):
+            offset -= 10
+        placed.append((recall, rate, offset, label))
+    return {label: offset for _, _, offset, label in placed}
+
+
 def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -251,9 +267,17 @@ def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) ->
         return
     on = frontier(points)
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    crowd = sorted((label for label, (recall, _) in points.items() if recall < _CROWD and label not in on),
+                   key=lambda label: points[label][1])  # fmt: skip
+    offsets = _label_offsets({label: point for label, point in points.items() if label not in crowd})
     for label, (recall, rate) in points.items():
         ax.scatter(rate, recall, color="C3" if label in on else "C0", zorder=3)
-        ax.annotate(label, (rate, recall), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        if label in offsets:
+            ax.annotate(label, (rate, recall), fontsize=7, xytext=(4, offsets[label]), textcoords="offset points")
+    if crowd:
+        # near chance the points crowd and their labels would overlap: listed once, by speed
+        names = textwrap.fill(", ".join(crowd), 70)
+        ax.text(0.02, 0.1, f"below {_CROWD}, slowest first:\n{names}", transform=ax.transAxes, fontsize=7, va="bottom")
     ax.plot([points[label][1] for label in on], [points[label][0] for label in on], color="C3", linewidth=1)
     ax.set_xscale("log")
     meta = speed["metadata"]
