@@ -194,11 +194,15 @@ def _gpu_correct(data: list[dict[str, Any]], name: str) -> Fact | None:
 COLUMNS = (
     Column(
         "recall (MQAR)",
-        ("benchmarks/cpu/recall.json", "benchmarks/nvidia-h200/recall.json"),
+        (
+            "benchmarks/cpu/recall.json",
+            "benchmarks/nvidia-h200/recall.json",
+            "benchmarks/nvidia-h100-80gb-hbm3/recall.json",
+        ),
         "benchmarks/cpu/recall.md",
         "MQAR test accuracy on the query positions, 2-layer 1-D model, 600 steps: the variant's best configuration "
-        "at the longest length where softmax reached 0.99 in either sweep (the CPU one, or the GPU one in "
-        "benchmarks/nvidia-h200/recall.md, marked GPU)",
+        "at the longest length where softmax reached 0.99 in any sweep (the CPU one, or the GPU ones in "
+        "benchmarks/nvidia-h200/recall.md and benchmarks/nvidia-h100-80gb-hbm3/recall.md, marked GPU)",
         _recall,
     ),
     Column(
