@@ -55,6 +55,18 @@ def test_each_variant_is_timed_with_its_recall_options_and_causal_mode(tmp_path,
     assert rates["softmax"] == pytest.approx(32 / saved["records"][0]["fwd_bwd_s"])
 
 
+def test_a_grown_sweep_times_only_its_new_variants(tmp_path, in_process):
+    measure_speed(["softmax", "local(window=4)"], tmp_path, length=32, settings=TINY)
+    in_process.clear()
+    speed = measure_speed(["softmax", "local(window=4)", "linear"], tmp_path, length=32, settings=TINY)
+    assert [config["variant"] for config in in_process] == ["linear"]
+    assert [r["label"] for r in speed["records"]] == ["softmax", "local(window=4)", "linear"]
+    in_process.clear()
+    # another length is another measurement: every variant again
+    measure_speed(["softmax"], tmp_path, length=16, settings=TINY)
+    assert [config["variant"] for config in in_process] == ["softmax"]
+
+
 def _recall_record(label: str, top1: float, seed: int) -> dict:
     record = {"label": label, "variant": recall.parse_variant(recall.variant_spec(label)).name, "length": 128}
     record.update(width=64, lr=3e-3, seed=seed, status="ok", test={"top1": top1}, val_top1=top1, train_wall_s=1.0)

@@ -39,23 +39,40 @@ def measure_speed(
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Time each variant label (`local(window=16)`) at `length` with its recall options; writes
-    `out_dir/recall_speed.json` and returns it. A failure is recorded with its reason."""
+    `out_dir/recall_speed.json` and returns it. A failure is recorded with its reason. Labels the saved file already
+    timed at the same length and settings on this machine are kept, not timed again (a sweep that grew resumes)."""
     settings = settings or Settings()
-    records = []
+    out = Path(out_dir) / SPEED_FILE
+    meta = metadata(settings, [], command=command or "tools/recall.py --speed", length=length)
+    records = _earlier(out, meta, log)
+    done = {record["label"] for record in records}
     for label in dict.fromkeys(labels):
+        if label in done:
+            continue
         variant = parse_variant(variant_spec(label))
         config = single_config(variant.name, length, replace(settings, causal=variant.causal), variant.options)
         record = {"label": label, **run_config(config, timeout)}
         records.append(record)
         took = f"{record['fwd_bwd_s']:.3g} s fwd+bwd" if record["status"] == "ok" else record["status"]
         log(f"{label} at N={length:,}: {took}")
-    meta = metadata(settings, [], command=command or "tools/recall.py --speed", length=length)
     meta["causal"] = "as each variant's recall runs: causal where the variant has a causal mode"
     results = {"metadata": meta, "records": records}
-    out = Path(out_dir) / SPEED_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
     return results
+
+
+def _earlier(path: Path, meta: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The records of a saved file measured as `meta` would be (length, settings, machine); none otherwise."""
+    if not path.is_file():
+        return []
+    saved = json.loads(path.read_text())
+    old = saved["metadata"]
+    if any(old.get(key) != meta.get(key) for key in ("length", "settings", "device_name")):
+        log(f"{path} was timed at another length, settings or machine: timing every variant again")
+        return []
+    log(f"resuming {path}: {len(saved['records'])} variants timed")
+    return saved["records"]
 
 
 def throughputs(speed: dict[str, Any]) -> dict[str, float]:
