@@ -53,7 +53,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--speed",
         action="store_true",
-        help="time every variant of the saved sweep with its recall options (recall_speed.json, the frontier)",
+        help="time every variant of the saved sweep with its recall options (recall_speed.json, the frontier); "
+        "variants the file already holds at the same length and settings are kept",
     )
     parser.add_argument(
         "--speed-length", type=int, default=SPEED_LENGTH, metavar="N", help="the length --speed times at (%(default)s)"
