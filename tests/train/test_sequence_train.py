@@ -156,7 +156,7 @@ def test_causal_lm_on_dna(tmp_path):
         ),
         (
             ["data.name=ucr"],
-            "data.options.window: unknown key; allowed: crop, scale, jitter, ucr_name, val_fraction, znorm, nan",
+            "data.options.window: unknown key; allowed: ucr_name, val_fraction, znorm, nan, crop, scale, jitter",
         ),
     ],
 )
