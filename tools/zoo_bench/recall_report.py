@@ -246,7 +246,7 @@ _CROWD = 0.1
 def _label_offsets(points: dict[str, tuple[float, float]]) -> dict[str, int]:
     """Vertical offsets (in points) of the labels: one line lower for a label next to one already placed (a tenth
     of a decade of speed and 0.03 of recall apart, as softmax and softmax1)."""
-    placed: list[tuple[float, float, int]] = []
+    placed: list[tuple[float, float, int, str]] = []
     for label, (recall, rate) in sorted(points.items(), key=lambda item: item[1][1]):
         offset = 3
         while any(abs(math.log10(rate / r)) < 0.1 and abs(recall - a) < 0.03 and o == offset for a, r, o, _ in placed):
@@ -267,8 +267,8 @@ def plot_frontier(results: dict[str, Any], speed: dict[str, Any], path: Path) ->
         return
     on = frontier(points)
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    crowd = sorted((label for label, (recall, _) in points.items() if recall < _CROWD and label not in on),
-                   key=lambda label: points[label][1])  # fmt: skip
+    near_chance = [label for label, (recall, _) in points.items() if recall < _CROWD and label not in on]
+    crowd = sorted(near_chance, key=lambda label: points[label][1])
     offsets = _label_offsets({label: point for label, point in points.items() if label not in crowd})
     for label, (recall, rate) in points.items():
         ax.scatter(rate, recall, color="C3" if label in on else "C0", zorder=3)
