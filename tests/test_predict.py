@@ -291,3 +291,26 @@ def test_predict_reads_a_csv_file_whole_or_skips_it_whole(tmp_path):
         predict(model, [query], options={"nan": "drop"})
     with pytest.raises(ValueError, match=r"data\.options\.window: predict reads series inputs as the run was trained"):
         predict(model, [query], options={"window": 3})
+
+
+def test_token_ids_are_predicted_per_position_one_line_each(tmp_path, caplog):
+    data = {"name": "mqar", "options": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+            "train_samples": 8, "val_samples": 4, "test_samples": 4}  # fmt: skip
+    model = train(sequence_recipe("mqar", data, "token_classification", "tokens"), tmp_path / "run")
+    query = tmp_path / "query.csv"
+    query.write_text("t1,t2,t3\n3,17,5,20\n\n3 17 5\t20 5\r\n")
+    (tmp_path / "letters.txt").write_text("1 2 x\n")
+    (tmp_path / "large.tok").write_text("1 2\n1 32\n")
+    with caplog.at_level("WARNING", logger="zoo.predict"):
+        result = predict(model, [query, tmp_path / "letters.txt", tmp_path / "large.tok"])
+    assert "read line 1 as a header" in caplog.text and "left out 1 blank line(s)" in caplog.text
+    assert [(r["item"], r["position"]) for r in result.rows] == [(2, p) for p in range(1, 5)] + [
+        (4, p) for p in range(1, 6)
+    ]
+    assert dict(result.skipped) == {
+        str(tmp_path / "letters.txt"): "line 1: 'x' is not a token id (an integer from 0 to 31)",
+        str(tmp_path / "large.tok"): "line 2: token id 32 is outside the run's vocabulary (0 to 31)",
+    }
+    logits = model(torch.tensor([[3, 17, 5, 20, 5]]), None)[0]
+    assert [int(r["label"]) for r in result.rows[4:]] == logits.argmax(-1).tolist()
+    assert result.rows[4]["probability"] == pytest.approx(logits[0].softmax(-1).max().item(), abs=1e-5)

@@ -9,6 +9,7 @@ forecasting run), as CSV (stdout by default) or JSON. Inputs are read as the run
     tools/predict.py runs/ucr_plaid_quick series.csv                      # one row per series (row of the file)
     tools/predict.py runs/elecdemand_quick demand.csv                     # the next horizon steps of the targets
     tools/predict.py runs/elecdemand_quick gaps.csv --set data.options.nan=interpolate   # missing values filled
+    tools/predict.py runs/recall_mqar_quick ids.txt                       # token ids, a sequence per line: per token
 
 An input that cannot be read is named on stderr and skipped whole; the others are predicted. Files in a folder that
 are not inputs, and empty FASTA records, are counted on stderr. --set changes how series files are read (the data
@@ -32,7 +33,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "run", help="a run directory of tools/train.py (or a checkpoint folder, a save_pretrained folder)"
     )
-    parser.add_argument("inputs", nargs="+", help="files or folders to predict: images, FASTA, CSV or .ts series")
+    parser.add_argument(
+        "inputs", nargs="+", help="files or folders to predict: images, FASTA, CSV or .ts series, token ids"
+    )
     parser.add_argument("--output", help="a .csv or .json file (default: CSV on stdout)")
     parser.add_argument("--top-k", type=int, default=5, help="classes kept per prediction (default: 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default: 32)")

@@ -1,4 +1,4 @@
-"""Predictions of a loaded model (`zoo.load_model`) on new files: images, FASTA, CSV and .ts series.
+"""Predictions of a loaded model (`zoo.load_model`) on new files: images, FASTA, CSV and .ts series, token ids.
 
 `predict(model, inputs)` reads what the model's run was trained on (`model.zoo_run`, see `zoo.hub.runs`; a ViT saved by
 `save_pretrained` reads images):
@@ -11,7 +11,11 @@
   nucleotide with its label;
 - series: a CSV file with one series per row (the run's label column, when there, is not a time step) or a `.ts`
   file, one row per series; for forecasting a CSV file with one row per time step: its last `lookback` rows of the
-  run's input columns give `horizon` rows of the target columns, in their own units.
+  run's input columns give `horizon` rows of the target columns, in their own units;
+- token ids (a run on token sets: MQAR, ListOps, ...): a `.txt`, `.tok`, `.csv` or `.tsv` file with one sequence per
+  line, integer ids below the run's vocabulary size separated by spaces, tabs or commas (a first line with no id
+  is a header, blank lines are counted and left out): one row per line, or for a per-position task one row per
+  token with its label.
 
 Classification rows hold the `top_k` classes and their probabilities. An input that cannot be read is named in one
 warning and skipped whole (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are
@@ -53,9 +57,10 @@ __all__ = ["READ_OPTIONS", "ImageLoader", "Predictions", "image_loader", "predic
 _logger = logging.getLogger(__name__)
 
 _SERIES_SUFFIXES = (".csv", ".ts")
+_TOKEN_SUFFIXES = (".txt", ".tok", ".csv", ".tsv")
 FORMATS = ("csv", "json")
 # data.options a prediction may read its inputs with, by input kind (the others are tied to the trained model)
-READ_OPTIONS = {"image": (), "dna": (), "series": ("nan", "label_column")}
+READ_OPTIONS = {"image": (), "dna": (), "series": ("nan", "label_column"), "tokens": ()}
 # how a user of predict sets the policy for missing values
 _NAN_FIX = "rerun with --set data.options.nan=mask (or interpolate; options={'nan': 'mask'} in Python)"
 
@@ -380,7 +385,51 @@ def _forecast_window(path: Path, inputs: Mapping[str, Any]) -> Iterator[Item]:
     yield {"input": str(path)}, _as_sample((np.stack(values, axis=1) - mean) / std, {})
 
 
-_READERS = {"image": _read_images, "dna": _read_fasta, "series": _read_series}
+def _read_tokens(model: nn.Module, description: dict, paths: Sequence[Path], result: Predictions) -> list[Item]:
+    """Each sequence of token ids as `(tokens [n], mask [n])`, one per non-blank line; a file with a bad line is
+    skipped whole."""
+    vocab_size = description["sizes"]["vocab_size"]
+    items = []
+    for path in _files(paths, lambda p: p.suffix.lower() in _TOKEN_SUFFIXES, "token files", result):
+        try:
+            items.extend(_token_lines(path, vocab_size))
+        except (OSError, ValueError) as error:  # a file that is not UTF-8 text is a ValueError too
+            _skip(result, path, first_line(error))
+    return items
+
+
+def _token_lines(path: Path, vocab_size: int) -> list[Item]:
+    items, blank = [], 0
+    with path.open(encoding="utf-8-sig") as handle:
+        for number, line in enumerate(handle, start=1):
+            fields = line.replace(",", " ").split()
+            if not fields:
+                blank += 1
+            elif not items and not any(_is_int(f) for f in fields):
+                _logger.warning("%s: read line %d as a header (no token id in it): %s", path, number, line.strip())
+            else:
+                ids = torch.tensor([_token_id(f, vocab_size, f"line {number}") for f in fields])
+                items.append(({"input": str(path), "item": number}, (ids, torch.ones(len(ids), dtype=torch.bool))))
+    if blank:
+        _logger.warning("%s: left out %d blank line(s)", path, blank)
+    if not items:
+        raise ValueError("no sequence of token ids in it")
+    return items
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("+-").isdigit()
+
+
+def _token_id(text: str, vocab_size: int, where: str) -> int:
+    if not _is_int(text):
+        raise ValueError(f"{where}: {text!r} is not a token id (an integer from 0 to {vocab_size - 1})")
+    if not 0 <= int(text) < vocab_size:
+        raise ValueError(f"{where}: token id {text} is outside the run's vocabulary (0 to {vocab_size - 1})")
+    return int(text)
+
+
+_READERS = {"image": _read_images, "dna": _read_fasta, "series": _read_series, "tokens": _read_tokens}
 
 
 def _flat(row: Mapping[str, Any]) -> dict[str, Any]:

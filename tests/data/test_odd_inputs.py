@@ -118,6 +118,12 @@ class Runs:
         data = {"name": "fasta", "root": str(fasta_tree(self.home / "dna")), "options": {"window": 16}}
         return self._train("fasta", sequence_recipe("fasta", data, "classification", "dna"))
 
+    @property
+    def tokens(self) -> Path:
+        data = {"name": "mqar", "options": {"vocab_size": 32, "seq_len": 16, "num_kv_pairs": 2},
+                "train_samples": 8, "val_samples": 4, "test_samples": 4}  # fmt: skip
+        return self._train("tokens", sequence_recipe("tokens", data, "token_classification", "tokens"))
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Runs:
@@ -432,6 +438,11 @@ CASES = [
          r"left out 2 files that are not FASTA files \(\.DS_Store, notes\.txt\)"),
     Case("predict-fasta-empty-record", "predict input", lambda t, r: _predict_files(t, r.fasta, {
         "q/a.fa": ">a\nACGT\n>none\n\n"}), "warns", r"left out 1 empty record.*>none"),
+    Case("predict-tokens-header-blank-lines", "predict input", lambda t, r: _predict_files(t, r.tokens, {
+        "q/ids.csv": "id_1,id_2,id_3\r\n3,17,5\r\n\r\n4,18,6\r\n"}), "warns", r"left out 1 blank line"),
+    Case("predict-tokens-out-of-vocabulary", "predict input", lambda t, r: _predict_files(t, r.tokens, {
+        "q/ids.txt": "3 17 5\n3 40 5\n", "q/more.txt": "1 2\n"}), "warns",
+         r"skipped .*ids\.txt: line 2: token id 40 is outside the run's vocabulary \(0 to 31\)"),
     Case("predict-forecast-gap", "predict input", _forecast_gap_error, "error",
          r"gap\.csv' line 41, column 2 .*rerun with --set data\.options\.nan=mask"),
     Case("predict-forecast-gap-set", "predict input", _forecast_gap_set, "reads"),

@@ -66,6 +66,18 @@ def test_recall_is_read_where_softmax_learned_the_task():
     assert cards._recall([gpu], "softmax").text == "1.000 at L=128, d=64 (GPU)"
 
 
+def test_a_length_learned_with_a_longer_budget_is_read_at_that_budget_only():
+    def run(variant, length, top1):
+        return {"variant": variant, "status": "ok", "length": length, "width": 64, "test": {"top1": top1}}
+
+    short = _sweep(run("softmax", 128, 1.0), run("linear", 128, 0.8), run("linear", 512, 0.0))
+    long = _sweep(run("softmax", 512, 1.0), run("reformer", 512, 0.99))
+    short["protocol"]["budget_steps"], long["protocol"]["budget_steps"] = 600, 1500
+    # softmax learned 512 in 1,500 steps: linear's 600-step run at 512 is not read against that
+    assert cards._recall([short, long], "linear").text == "0.800 at L=128, d=64"
+    assert cards._recall([short, long], "reformer").text == "0.990 at L=512, d=64, 1,500 steps"
+
+
 @pytest.mark.parametrize(
     "facts,says",
     [

@@ -134,9 +134,24 @@ def test_goals_read_the_measured_cells():
     assert "softmax >= 0.99 at every cell (Zoology Figure 2): reached" in text
     assert "performer far below elu+1 linear (Based Figure 3): reached" in text
     assert "rising with its window (Based Figure 2): reached: L=128 d=64: w=8: 0.300, w=32: 0.700" in text
-    assert "length 512, width 128: not run" in text
+    assert "length 512, width 128 (all but softmax, softmax1, synthesizer): not run." in text
     cells[("local(window=32)", 128, 64)]["top1"] = 0.1
     assert "not reached everywhere" in "\n".join(goals(cells, []))
+
+
+def test_the_far_goal_names_the_best_sub_quadratic_variant_and_the_best_with_a_bounded_state():
+    ok = {"status": "ok", "top1_std": None}
+    cells = {
+        ("softmax", 512, 128): {**ok, "top1": 1.0},
+        ("synthesizer", 512, 128): {**ok, "top1": 0.95},
+        ("reformer(bucket_size=16)", 512, 128): {**ok, "top1": 0.99},
+        ("linear", 512, 128): {**ok, "top1": 0.2},
+        ("local(window=64)", 512, 128): {**ok, "top1": 0.3},
+    }
+    text = "\n".join(goals(cells, []))
+    # reformer is sub-quadratic but keeps every key and value; a window's state does not grow with L
+    assert "(all but softmax, softmax1, synthesizer): reached: reformer(bucket_size=16) 0.990; " in text
+    assert "with a state that does not grow with L: not reached: local(window=64) 0.300." in text
 
 
 def test_state_formulas():

@@ -65,12 +65,15 @@ class TokenClassification(Task):
             outputs, mask = outputs[1:], mask[1:]
         probabilities, labels = outputs.softmax(-1).max(-1)
         names = description.get("label_names")
+        # a window's rows say where each position is, not where the window is (`start`, `end`)
+        source = {key: value for key, value in meta.items() if key not in ("start", "end")}
+        first = meta.get("start", 1)
         rows = []
         for offset in torch.nonzero(mask).flatten().tolist():
             label = labels[offset].item()
-            position = {"input": meta["input"], "record": meta["record"], "position": meta["start"] + offset}
             name = names[label] if names else str(label)
-            rows.append({**position, "label": name, "probability": round(probabilities[offset].item(), 6)})
+            probability = round(probabilities[offset].item(), 6)
+            rows.append({**source, "position": first + offset, "label": name, "probability": probability})
         return rows
 
     def build_head(self, spec: HeadSpec) -> nn.Module:
