@@ -82,7 +82,7 @@ def test_a_length_learned_with_a_longer_budget_is_read_at_that_budget_only():
     "facts,says",
     [
         ({"GPU speed at 64K": cards.Fact("", 16.9)}, "long sequences on a GPU (17x SDPA at 64K)"),
-        ({"recall (MQAR)": cards.Fact("", 0.02)}, "not for recall (MQAR 0.02)"),
+        ({"recall (MQAR)": cards.Fact("", 0.02, "L=256, d=64")}, "not for recall (MQAR 0.02 at L=256, d=64)"),
         ({"ListOps": cards.Fact("", 15.2), "error vs exact at 16K": cards.Fact("", 0.5)}, "did not learn ListOps"),
         ({}, "no measured strength yet"),
     ],

@@ -36,6 +36,7 @@ class Fact:
 
     text: str
     value: float | None = None
+    where: str = ""  # where the number was measured, for a pick line that names it
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ def _recall(data: list[dict[str, Any]], name: str) -> Fact | None:
     _, length, top1, width, label, gpu, budget = max(found)
     shown = "" if label == name else f" {label}"
     steps = "" if budget == sweeps[0][2] else f", {budget:,} steps"
-    return Fact(f"{top1:.3f} at L={length}, d={width}{steps}{shown}{' (GPU)' if gpu else ''}", top1)
+    where = f"L={length}, d={width}{steps}"
+    return Fact(f"{top1:.3f} at {where}{shown}{' (GPU)' if gpu else ''}", top1, where)
 
 
 def _frontier(data: list[dict[str, Any]], name: str) -> Fact | None:
@@ -286,7 +288,7 @@ COLUMNS = (
 class Rule:
     column: str
     holds: Callable[[float], bool]
-    says: Callable[[float], str]
+    says: str  # formatted with the fact's value and where
     threshold: str  # the rule as the page states it
 
 
@@ -294,42 +296,42 @@ RULES = (
     Rule(
         "error vs exact at 16K",
         lambda e: e <= 1e-2,
-        lambda e: "exact attention: the reference, and the choice below the others' crossovers",
+        "exact attention: the reference, and the choice below the others' crossovers",
         "<= 0.01",
     ),
-    Rule("GPU speed at 64K", lambda x: x >= 10, lambda x: f"long sequences on a GPU ({x:.0f}x SDPA at 64K)", ">= 10x"),
+    Rule("GPU speed at 64K", lambda x: x >= 10, "long sequences on a GPU ({value:.0f}x SDPA at 64K)", ">= 10x"),
     Rule(
         "CPU time and memory at 16K / 64K",
         lambda n: n <= 4096,
-        lambda n: f"long sequences on a CPU (beats softmax from about {n:,.0f} tokens)",
+        "long sequences on a CPU (beats softmax from about {value:,.0f} tokens)",
         "faster than softmax from <= 4K tokens, time growing slower than N^1.5",
     ),
-    Rule("recall (MQAR)", lambda a: a >= 0.9, lambda a: f"tasks that recall tokens (MQAR {a:.2f})", ">= 0.9"),
-    Rule("recall (MQAR)", lambda a: a < 0.5, lambda a: f"not for recall (MQAR {a:.2f})", "< 0.5"),
+    Rule("recall (MQAR)", lambda a: a >= 0.9, "tasks that recall tokens (MQAR {value:.2f} at {where})", ">= 0.9"),
+    Rule("recall (MQAR)", lambda a: a < 0.5, "not for recall (MQAR {value:.2f} at {where})", "< 0.5"),
     Rule(
         "recall-speed frontier",
         lambda on: on == 1.0,
-        lambda on: "the most recall at its speed (on the recall-throughput frontier)",
+        f"the most recall at its speed at length {GOAL_CELL[0]} (on the recall-throughput frontier)",
         "on the frontier",
     ),
-    Rule("ListOps", lambda s: s >= 32.0, lambda s: f"long-range classification (ListOps {s:.1f})", ">= 32 %"),
-    Rule("ListOps", lambda s: s < 20.0, lambda s: f"did not learn ListOps in 600 steps ({s:.1f})", "< 20 %"),
+    Rule("ListOps", lambda s: s >= 32.0, "long-range classification (ListOps {value:.1f})", ">= 32 %"),
+    Rule("ListOps", lambda s: s < 20.0, "did not learn ListOps in 600 steps ({value:.1f})", "< 20 %"),
     Rule(
         "high-res images",
         lambda s: s >= 20.0,
-        lambda s: f"2-D images at high resolution (top-1 {s:.1f} at 256 px)",
+        "2-D images at high resolution (top-1 {value:.1f} at 256 px)",
         ">= 20 % (chance 10)",
     ),
     Rule(
         "high-res images",
         lambda s: s < 12.0,
-        lambda s: f"not for 2-D images at this budget (top-1 {s:.1f} at 256 px, chance 10)",
+        "not for 2-D images at this budget (top-1 {value:.1f} at 256 px, chance 10)",
         "< 12 %",
     ),
     Rule(
         "converting a softmax ViT",
         lambda d: d >= -5.0,
-        lambda d: f"converting a trained softmax ViT ({d:+.1f} points against it)",
+        "converting a trained softmax ViT ({value:+.1f} points against it)",
         "within 5 points of the teacher",
     ),
 )
@@ -349,7 +351,7 @@ def pick_this_when(name: str, facts: dict[str, Fact | None]) -> str:
     for rule in RULES:
         fact = facts.get(rule.column)
         if fact is not None and fact.value is not None and rule.holds(fact.value):
-            said.append(rule.says(fact.value))
+            said.append(rule.says.format(value=fact.value, where=fact.where))
     return "; ".join(said) if said else "no measured strength yet"
 
 
