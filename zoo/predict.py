@@ -33,6 +33,7 @@ import csv
 import io
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -418,7 +419,7 @@ def _token_lines(path: Path, vocab_size: int) -> list[Item]:
 
 
 def _is_int(text: str) -> bool:
-    return text.lstrip("+-").isdigit()
+    return re.fullmatch(r"[+-]?[0-9]+", text) is not None
 
 
 def _token_id(text: str, vocab_size: int, where: str) -> int:
