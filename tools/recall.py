@@ -9,6 +9,7 @@ tools/eval.py in fresh processes; a failed run gets its record with the reason. 
     tools/recall.py --variants softmax linear performer local:window=16 --lengths 128 --widths 64 --lrs 3e-3
     tools/recall.py --variants linformer:k=16 --lengths 64 128 --seeds 0 1 2
     tools/recall.py --speed --out benchmarks/cpu        # time the saved sweep's variants: the recall-speed frontier
+    tools/recall.py --lrs 3e-3 --jobs 14 --stop-after 330    # a GPU lease: as many missing runs as fit, all saved
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--jobs", type=int, default=1, help="runs at once (default: %(default)s; more only where cores are idle)"
     )
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        metavar="SECONDS",
+        help="start no run after this many seconds; the running ones finish and are saved (a GPU lease's length)",
+    )
     return parser.parse_args()
 
 
@@ -93,6 +100,7 @@ def main() -> None:
         timeout=args.timeout,
         retry_failed=args.retry_failed,
         jobs=args.jobs,
+        stop_after=args.stop_after,
         command=shlex.join(["tools/recall.py", *sys.argv[1:]]),
         log=print,
     )

@@ -87,6 +87,13 @@ def test_resumes_where_it_stopped(tmp_path, fake):
         run_recall(RECIPE, tmp_path / "out", variants=["softmax"], lengths=[16], widths=[32], budget_steps=3)
 
 
+def test_no_run_starts_after_stop_after_and_the_sweep_resumes_from_there(tmp_path, fake):
+    assert sweep(tmp_path, stop_after=0)["records"] == [] and fake.calls == []
+    assert len(sweep(tmp_path, stop_after=60, jobs=2)["records"]) == 16
+    with pytest.raises(ValueError, match="stop_after must be a number of seconds >= 0, got -1"):
+        sweep(tmp_path, stop_after=-1)
+
+
 def test_a_cell_takes_the_lr_best_on_validation_and_reports_its_test(tmp_path, fake):
     results = sweep(tmp_path)
     cell = summarize_cells(results["records"])[("softmax", 16, 32)]

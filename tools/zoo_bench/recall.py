@@ -253,6 +253,7 @@ def run_recall(
     timeout: float = 3600.0,
     retry_failed: bool = False,
     jobs: int = 1,
+    stop_after: float | None = None,
     command: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
@@ -262,7 +263,9 @@ def run_recall(
 
     A run that fails (error, out of memory, timeout) leaves the variant's other runs at that length and width, and
     its longer lengths at that width, unrun (they would fail the same way): they are recorded as skipped with the
-    reason. The figure is redrawn at most once a minute while the sweep runs, and at its end.
+    reason. The figure is redrawn at most once a minute while the sweep runs, and at its end. `stop_after`: seconds
+    after which no run starts (those running finish), so a lease of fixed length ends with every finished run saved;
+    the sweep resumes from there.
     """
     from .recall_report import write_report
 
@@ -271,6 +274,8 @@ def run_recall(
     budget_steps = recipe["train"].get("max_steps") if budget_steps is None else budget_steps
     check_int("budget_steps", budget_steps, 1)
     check_int("jobs", jobs, 1)
+    if stop_after is not None and not stop_after >= 0:
+        raise ValueError(f"stop_after must be a number of seconds >= 0, got {stop_after!r}")
     parsed = [parse_variant(text) for text in variants]
     for length in lengths:
         cell_data(length)
@@ -304,9 +309,12 @@ def run_recall(
         if (variant.label, length, width, seed, lr) not in done
     ]
     lock, drawn = threading.Lock(), [None]
+    deadline = None if stop_after is None else time.monotonic() + stop_after
 
     def one(item: tuple[Variant, tuple]) -> None:
         variant, key = item
+        if deadline is not None and time.monotonic() >= deadline:
+            return
         with lock:
             earlier = list(records)
         record = _one_run(recipe_path, recipe, variant, key, earlier, budget_steps, runs_dir, timeout)
