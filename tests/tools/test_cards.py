@@ -76,6 +76,12 @@ def test_a_length_learned_with_a_longer_budget_is_read_at_that_budget_only():
     # softmax learned 512 in 1,500 steps: linear's 600-step run at 512 is not read against that
     assert cards._recall([short, long], "linear").text == "0.800 at L=128, d=64"
     assert cards._recall([short, long], "reformer").text == "0.990 at L=512, d=64, 1,500 steps"
+    # read at the longest learnable length, with the longest where it still recalls beside it
+    long["records"].append({**long["records"][0], "variant": "linear", "label": "linear", "test": {"top1": 0.01}})
+    short["records"].append({**short["records"][1], "length": 64, "test": {"top1": 0.95}})
+    short["records"].append({**short["records"][0], "length": 64})
+    fact = cards._recall([short, long], "linear")
+    assert (fact.text, fact.value) == ("0.010 at L=512, d=64, 1,500 steps; 0.950 at L=64, d=64", 0.01)
 
 
 @pytest.mark.parametrize(
