@@ -308,12 +308,13 @@ def run_recall(
         for lr in lrs
         if (variant.label, length, width, seed, lr) not in done
     ]
-    lock, drawn = threading.Lock(), [None]
+    lock, drawn, unstarted = threading.Lock(), [None], []
     deadline = None if stop_after is None else time.monotonic() + stop_after
 
     def one(item: tuple[Variant, tuple]) -> None:
         variant, key = item
         if deadline is not None and time.monotonic() >= deadline:
+            unstarted.append(key)
             return
         with lock:
             earlier = list(records)
@@ -330,6 +331,8 @@ def run_recall(
         # runs are separate processes: threads only wait for them (a GPU machine's many cores, say)
         with ThreadPoolExecutor(jobs) as pool:
             list(pool.map(one, todo))
+    if unstarted:
+        log(f"stopped after {stop_after:g} s: {len(unstarted)} runs not started; run the same command to resume")
     write_report(results, out_dir)
     return results
 
