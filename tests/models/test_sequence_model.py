@@ -351,3 +351,24 @@ def test_recurrent_step_of_linear_variants_matches_the_full_forward(attention):
     assert torch.equal(
         generate(model, prompt, 8, temperature=0), generate(model, prompt, 8, temperature=0, recurrent=False)
     )
+
+
+def test_revin_stats_let_the_model_tell_series_of_one_shape_but_another_scale_apart():
+    def build(**options):
+        torch.manual_seed(0)
+        return create_sequence_model("classification", input="series", num_classes=3, dim=16, depth=1,
+                                     num_heads=2, seq_len=32, num_channels=2, **options).eval()  # fmt: skip
+
+    series = torch.randn(1, 32, 2)
+    scaled = torch.cat([series, 100 * series + 5])
+    plain, with_stats = build(), build(revin_stats=True)
+    # RevIN alone: one output for both; the statistics' embedding starts at zero, so at first it is the same model
+    out = plain(scaled)
+    torch.testing.assert_close(out[0], out[1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(with_stats(scaled), out, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        with_stats.stats_embed.proj.weight.normal_()
+    out = with_stats(scaled)
+    assert (out[0] - out[1]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="revin_stats=True needs a series input with revin=True"):
+        build(revin_stats=True, revin=False)

@@ -151,6 +151,10 @@ def test_causal_lm_on_dna(tmp_path):
         ),
         (["model.sequence.kmer_stride=7"], "model.sequence.kmer_stride: must be <= kmer 6 (no base skipped), got 7"),
         (
+            ["model.sequence.revin_stats=true", "model.sequence.revin=false"],
+            "model.sequence.revin_stats: true needs revin: true (the statistics are RevIN's), got revin: false",
+        ),
+        (
             ["model.sequence.patch_len=32"],
             "model.sequence.patch_len: only input 'series' uses it (input is 'kmer'); leave it at 16, got 32",
         ),

@@ -47,6 +47,9 @@ class SequenceConfig:
     patch_stride: int = field(default=8, metadata={"min": 1})
     channel_independent: bool = True
     revin: bool = True
+    # add RevIN's per-series mean and log standard deviation, embedded, to every token: the level and scale that
+    # instance normalisation takes away, for tasks where they tell the classes apart (series only, needs revin)
+    revin_stats: bool = False
     forecast_loss: Literal["mse", "mae"] = "mse"
     tie_embeddings: bool = True
     # taps of a causal depthwise convolution before every attention (0: none); Zoology's and Based's recall models
@@ -56,6 +59,8 @@ class SequenceConfig:
     def problems(self) -> list[tuple[str, str]]:
         if self.kmer_stride is not None and self.kmer_stride > self.kmer:
             return [("kmer_stride", f"must be <= kmer {self.kmer} (no base skipped), got {self.kmer_stride}")]
+        if self.revin_stats and not self.revin:
+            return [("revin_stats", "true needs revin: true (the statistics are RevIN's), got revin: false")]
         return []
 
 
@@ -76,6 +81,7 @@ _INPUT_KEYS = {
     "patch_stride": ("series",),
     "channel_independent": ("series",),
     "revin": ("series",),
+    "revin_stats": ("series",),
 }
 
 
@@ -180,6 +186,7 @@ def _build_sequence(recipe: Recipe, sizes: ModelSizes, task: Task) -> nn.Module:
         patch_stride=seq.patch_stride,
         channel_independent=seq.channel_independent,
         revin=seq.revin,
+        revin_stats=seq.revin_stats,
         forecast_loss=seq.forecast_loss,
         tie_embeddings=seq.tie_embeddings,
         drop_rate=cfg.drop_rate,

@@ -39,6 +39,7 @@ __all__ = [
     "KmerEmbedding",
     "PatchEmbedding",
     "RevIN",
+    "RevINStatsEmbedding",
     "TokenEmbedding",
     "apply_rotary",
     "kmer_vocab_size",
@@ -245,6 +246,30 @@ class RevIN(nn.Module):
         if self.weight is not None:
             y = (y - self.bias[:, None]) / (self.weight[:, None] + self.eps**2)
         return y * stats[1] + stats[0]
+
+
+class RevINStatsEmbedding(nn.Module):
+    """RevIN's statistics back in as an embedding added to every token: the level and scale that instance
+    normalisation removes (the idea of the Non-stationary Transformer, Liu et al. 2022,
+    https://arxiv.org/abs/2205.14415, which feeds them to the attention instead).
+
+    `(mean, std)`, each `[b, c, 1]` -> `[(b c), 1, d]` (channel-independent tokens) or `[b, 1, d]` (channel-mixing),
+    from `asinh(mean)` and `log(std)`, which stay in a small range over series of any unit. Zero-initialised: a
+    model starts as plain RevIN and learns how much the scale tells.
+    """
+
+    def __init__(self, dim: int, num_channels: int, channel_independent: bool = True) -> None:
+        super().__init__()
+        self.channel_independent = channel_independent
+        self.proj = nn.Linear(2 if channel_independent else 2 * num_channels, dim)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, stats: tuple[Tensor, Tensor]) -> Tensor:
+        mean, std = stats
+        features = torch.cat([torch.asinh(mean), std.log()], dim=-1)
+        pattern = "b c f -> (b c) 1 f" if self.channel_independent else "b c f -> b 1 (c f)"
+        return self.proj(rearrange(features, pattern))
 
 
 def sinusoidal_positions(length: int, dim: int, *, offset: int = 0, base: float = 10000.0, device=None) -> Tensor:

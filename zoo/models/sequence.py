@@ -41,6 +41,7 @@ from .embeddings import (
     KmerEmbedding,
     PatchEmbedding,
     RevIN,
+    RevINStatsEmbedding,
     TokenEmbedding,
     apply_rotary,
     resample_positions,
@@ -308,11 +309,13 @@ class SequenceModel(nn.Module):
         head: nn.Module,
         *,
         revin: RevIN | None = None,
+        stats_embed: RevINStatsEmbedding | None = None,
         target_channels: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.task, self.input = task, input
         self.embed, self.backbone, self.head, self.revin = embed, backbone, head, revin
+        self.stats_embed = stats_embed
         self.target_channels = None if target_channels is None else list(target_channels)
 
     @torch.jit.ignore
@@ -330,6 +333,8 @@ class SequenceModel(nn.Module):
             if self.revin is not None:
                 x, stats = self.revin.normalize(x, mask)
         tokens, token_mask = self.embed(x, mask)
+        if self.stats_embed is not None:
+            tokens = tokens + self.stats_embed(stats)
         out = self.head(self.backbone(tokens, token_mask), token_mask)
         if self.task.per_position:
             # a k-mer token predicts k positions: the last token may reach past the input
@@ -412,6 +417,7 @@ def create_sequence_model(
     patch_stride: int = 8,
     channel_independent: bool = True,
     revin: bool = True,
+    revin_stats: bool = False,
     horizon: int | None = None,
     forecast_loss: Literal["mse", "mae"] = "mse",
     target_channels: Sequence[int] | None = None,
@@ -434,7 +440,7 @@ def create_sequence_model(
     Based's recall models use 3). `positions` defaults to rotary for causal tasks and learned otherwise; the
     learned table has `max_len` entries (default: the token count of `seq_len`, else 1024). Series are
     `[b, l, c]`, normalised with RevIN when `revin` (forecasts are returned in the input's units), patched with
-    `patch_len` / `patch_stride`.
+    `patch_len` / `patch_stride`; `revin_stats` adds RevIN's statistics, embedded, to every token.
     """
     spec = get_task(task).configured(forecast_loss=forecast_loss)
     _check_choices(spec, input, forecast_loss, kmer, kmer_stride, target_channels, num_channels)
@@ -487,7 +493,12 @@ def create_sequence_model(
         )
     )
     revin_layer = RevIN(num_channels) if input == "series" and revin else None
-    return SequenceModel(spec, input, embed, backbone, head, revin=revin_layer, target_channels=target_channels)
+    if revin_stats and revin_layer is None:
+        raise ValueError(f"revin_stats=True needs a series input with revin=True, got input={input!r}, revin={revin}")
+    stats_embed = RevINStatsEmbedding(dim, num_channels, channel_independent) if revin_stats else None
+    return SequenceModel(
+        spec, input, embed, backbone, head, revin=revin_layer, stats_embed=stats_embed, target_channels=target_channels
+    )
 
 
 def _check_choices(
