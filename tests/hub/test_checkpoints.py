@@ -187,6 +187,22 @@ def test_a_checkpoint_without_manifest_still_loads(run, caplog):
     assert "loaded without verification" in caplog.text
 
 
+def test_a_checkpoint_from_before_a_model_option_existed_reads_it_as_its_default(run):
+    # written by a zoo without model.stem: trained as the default stem ("patch"), so it loads
+    _, run_dir = run
+    path = run_dir / "checkpoints" / "best" / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    assert manifest["model"].pop("model.stem") == "patch"
+    path.write_text(json.dumps(manifest))
+    assert evaluate(run_dir, checkpoint="best")["metrics"]["samples"] == 16
+    # the same checkpoint against a recipe that sets the option otherwise is refused
+    recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    recipe["model"]["stem"] = "conv"
+    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(CheckpointError, match=r"model\.stem: 'patch' in the checkpoint, 'conv' in"):
+        evaluate(run_dir, checkpoint="best")
+
+
 def _nan_on_calls(monkeypatch, calls: set[int]) -> None:
     """The attention's auxiliary loss turns NaN on the given 1-based batch numbers."""
     count = {"n": 0}

@@ -12,6 +12,7 @@ A folder without a manifest (written by zoo before manifests) is loaded unverifi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -156,6 +157,12 @@ def model_identity(recipe: Recipe) -> dict[str, Any]:
     return {key: value for key, value in flat.items() if key.removeprefix("model.") not in _FREE_KEYS}
 
 
+def _default_identity(recipe: Recipe) -> dict[str, Any]:
+    """`model_identity` of `recipe` with its model kind's options at their defaults."""
+    kind_options = type(recipe.model.options)()
+    return model_identity(dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, options=kind_options)))
+
+
 def _flatten(tree: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
@@ -174,7 +181,10 @@ def check_recipe(manifest: Mapping[str, Any] | None, recipe: Recipe, folder: Pat
     if manifest is None or not isinstance(manifest.get("model"), dict):
         return
     # JSON turns tuples into lists: compare through JSON on both sides
-    saved, current = manifest["model"], json.loads(json.dumps(model_identity(recipe)))
+    current = json.loads(json.dumps(model_identity(recipe)))
+    # a key the checkpoint lacks is an option added to zoo after it was written: it was trained as its default
+    defaults = json.loads(json.dumps(_default_identity(recipe)))
+    saved = {**{key: defaults[key] for key in current if key in defaults}, **manifest["model"]}
     differ = [key for key in dict.fromkeys([*saved, *current]) if saved.get(key, "<absent>") != current.get(key)]
     if differ:
         shown = "; ".join(
