@@ -88,10 +88,10 @@ def test_resumes_where_it_stopped(tmp_path, fake):
 
 
 def test_no_run_starts_after_stop_after_and_the_sweep_resumes_from_there(tmp_path, fake):
-    said = []
-    assert sweep(tmp_path, stop_after=0, log=said.append)["records"] == [] and fake.calls == []
-    assert said[-1] == "stopped after 0 s: 16 runs not started; run the same command to resume"
-    assert len(sweep(tmp_path, stop_after=60, jobs=2)["records"]) == 16
+    said, small = [], {"variants": ["softmax"], "lengths": [16], "seeds": [0]}
+    assert sweep(tmp_path, stop_after=0, log=said.append, **small)["records"] == [] and fake.calls == []
+    assert said[-1] == "stopped after 0 s: 2 runs not started; run the same command to resume"
+    assert len(sweep(tmp_path, stop_after=60, jobs=2, **small)["records"]) == 2
     with pytest.raises(ValueError, match="stop_after must be a number of seconds >= 0, got -1"):
         sweep(tmp_path, stop_after=-1)
 
