@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from zoo.attention import list_attentions
 
@@ -89,7 +89,7 @@ def _recall(data: list[dict[str, Any]], name: str) -> Fact | None:
                 failures.append(cell["status"])
             else:
                 learned = (length, width, budget) in learnable or not learnable
-                found.append((learned, length, cell["top1"], width, label, gpu, budget))
+                found.append(_Cell(learned, length, cell["top1"], width, label, gpu, budget))
     if not found:
         return Fact(f"failed ({failures[0]})") if failures else None
     first_budget = sweeps[0][2]
@@ -97,25 +97,40 @@ def _recall(data: list[dict[str, Any]], name: str) -> Fact | None:
     text, where = _recall_text(read, name, first_budget)
     # a much better cell at a shorter learnable length is shown too: the longest where the variant still recalls
     # (>= 0.9), else its best
-    shorter = [item for item in found if item[0] and item[1] < read[1] and item[2] >= read[2] + _SHOWN_GAIN]
-    if read[0] and shorter:
-        recalls = [item for item in shorter if item[2] >= 0.9]
-        shown = max(recalls, key=lambda i: (i[1], i[2])) if recalls else max(shorter, key=lambda i: (i[2], i[1]))
+    shorter = [c for c in found if c.learned and c.length < read.length and c.top1 >= read.top1 + _SHOWN_GAIN]
+    if read.learned and shorter:
+        recalls = [c for c in shorter if c.top1 >= 0.9]
+        if recalls:
+            shown = max(recalls, key=lambda c: (c.length, c.top1))
+        else:
+            shown = max(shorter, key=lambda c: (c.top1, c.length))
         text += f"; {_recall_text(shown, name, first_budget)[0]}"
-    return Fact(text, read[2], where)
+    return Fact(text, read.top1, where)
+
+
+class _Cell(NamedTuple):
+    """A variant's recall cell; fields in the order `max` ranks them: learnable length first, then the longest,
+    then the most recall."""
+
+    learned: bool
+    length: int
+    top1: float
+    width: int
+    label: str
+    gpu: bool
+    budget: int | None
 
 
 # how much more recall a shorter length must have to be shown beside the longest one's
 _SHOWN_GAIN = 0.3
 
 
-def _recall_text(item: tuple, name: str, first_budget: int | None) -> tuple[str, str]:
-    """`(learned, length, top1, width, label, gpu, budget)` -> the cell's text and where it was measured."""
-    _, length, top1, width, label, gpu, budget = item
-    shown = "" if label == name else f" {label}"
-    steps = "" if budget == first_budget else f", {budget:,} steps"
-    where = f"L={length}, d={width}{steps}"
-    return f"{top1:.3f} at {where}{shown}{' (GPU)' if gpu else ''}", where
+def _recall_text(cell: _Cell, name: str, first_budget: int | None) -> tuple[str, str]:
+    """The cell's text and where it was measured."""
+    shown = "" if cell.label == name else f" {cell.label}"
+    steps = "" if cell.budget == first_budget else f", {cell.budget:,} steps"
+    where = f"L={cell.length}, d={cell.width}{steps}"
+    return f"{cell.top1:.3f} at {where}{shown}{' (GPU)' if cell.gpu else ''}", where
 
 
 def _frontier(data: list[dict[str, Any]], name: str) -> Fact | None:
