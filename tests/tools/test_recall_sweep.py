@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo_bench import recall
+from zoo_bench import recall, recall_report
 from zoo_bench.recall import Variant, cell_data, parse_variant, run_recall, state_size, summarize_cells
 from zoo_bench.recall_report import goals, write_markdown
 
@@ -44,12 +44,19 @@ def fake(monkeypatch):
     return trainer
 
 
+@pytest.fixture
+def undrawn(monkeypatch):
+    """The report without its figure: matplotlib takes about 5 s a figure, and only the report test reads one."""
+    monkeypatch.setattr(recall_report, "plot", lambda results, path: None)
+
+
 def sweep(tmp_path, **kwargs):
     settings = {"variants": ["softmax", "linformer:k=8"], "lengths": [16, 32], "widths": [32], "seeds": [0, 1]}
     settings["lrs"] = [1e-3, 3e-3]
     return run_recall(RECIPE, tmp_path / "out", budget_steps=2, runs_dir=tmp_path / "runs", **{**settings, **kwargs})
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_every_run_of_the_grid_with_its_cell_settings(tmp_path, fake):
     sweep(tmp_path)
     assert len(fake.calls) == 2 * 2 * 2 * 2
@@ -62,6 +69,7 @@ def test_every_run_of_the_grid_with_its_cell_settings(tmp_path, fake):
     assert cell_data(64) == {"seq_len": 64, "vocab_size": 128, "num_kv_pairs": 8}
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_parallel_runs_give_the_same_records(tmp_path, fake):
     serial = sweep(tmp_path / "serial")
     parallel = sweep(tmp_path / "parallel", jobs=3)
@@ -72,6 +80,7 @@ def test_parallel_runs_give_the_same_records(tmp_path, fake):
     assert runs(parallel) == runs(serial) and len(runs(serial)) == 16
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_resumes_where_it_stopped(tmp_path, fake):
     sweep(tmp_path, seeds=[0])
     first = len(fake.calls)
@@ -87,6 +96,7 @@ def test_resumes_where_it_stopped(tmp_path, fake):
         run_recall(RECIPE, tmp_path / "out", variants=["softmax"], lengths=[16], widths=[32], budget_steps=3)
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_no_run_starts_after_stop_after_and_the_sweep_resumes_from_there(tmp_path, fake):
     said, small = [], {"variants": ["softmax"], "lengths": [16], "seeds": [0]}
     assert sweep(tmp_path, stop_after=0, log=said.append, **small)["records"] == [] and fake.calls == []
@@ -96,6 +106,7 @@ def test_no_run_starts_after_stop_after_and_the_sweep_resumes_from_there(tmp_pat
         sweep(tmp_path, stop_after=-1)
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_a_cell_takes_the_lr_best_on_validation_and_reports_its_test(tmp_path, fake):
     results = sweep(tmp_path)
     cell = summarize_cells(results["records"])[("softmax", 16, 32)]
@@ -103,6 +114,7 @@ def test_a_cell_takes_the_lr_best_on_validation_and_reports_its_test(tmp_path, f
     assert cell["top1"] == pytest.approx(0.795) and cell["top1_std"] == pytest.approx(0.00707, abs=1e-4)
 
 
+@pytest.mark.usefixtures("undrawn")
 def test_a_failure_skips_the_longer_lengths_of_that_width(tmp_path, monkeypatch):
     trainer = FakeTrainer(fail={("softmax", 16)})
     monkeypatch.setattr(recall, "train_and_test", trainer)

@@ -1,14 +1,12 @@
-"""End to end: train, crash and resume, evaluate, two CPU processes, and the command-line errors."""
+"""End to end: train, crash and resume, evaluate, and the command-line errors (two CPU processes: test_fsdp and
+test_replicas)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import free_port, reset_accelerate, run_tool, tiny_vit_recipe, with_sections, write_recipe
+from helpers import reset_accelerate, run_tool, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 
 import zoo
@@ -103,40 +101,6 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path, monkeyp
         trainer._save("last")
     after = load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
-
-
-@pytest.mark.slow
-def test_two_cpu_processes_end_with_identical_replicas(tmp_path):
-    recipe = recipe_file(tmp_path, train={"epochs": 1})
-    run_dir = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(ROOT / "tools" / "train.py"),
-            str(recipe),
-            "--output",
-            str(run_dir),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "train_summary.json").read_text())
-    assert summary["num_processes"] == 2
-    assert summary["replicas_identical"] and len(summary["replica_checksums"]) == 2
-    # 48 samples / (8 per process x 2 processes) = 3 steps, with a Performer feature redraw at step 2
-    assert summary["steps"] == 3
 
 
 @pytest.mark.parametrize(
