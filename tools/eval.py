@@ -10,11 +10,10 @@ the confusion matrix to <run>/confusion_<split>.png.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from zoo.cli import log_to, run_cli
-from zoo.evaluate import evaluate
+from zoo.evaluate import evaluation_lines, save_evaluation
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,18 +36,8 @@ def main() -> None:
     # a folder that is not a run gets nothing written into it: the error is one line on stderr
     if (run_dir / "recipe.yaml").is_file():
         log_to(run_dir / "eval.log")
-    result = evaluate(run_dir, checkpoint=args.checkpoint, split=args.split)
-    output = Path(args.output) if args.output else run_dir / "eval.json"
-    output.write_text(json.dumps(result, indent=2))
-    print(f"{args.split}: {_scores(result['metrics'])}")
-    for name, scores in result["baselines"].items():
-        print(f"baseline {name}: {_scores(scores)}")
-    written = [str(output), *([result["confusion_png"]] if result["confusion_png"] else [])]
-    print(f"wrote {' and '.join(written)}")
-
-
-def _scores(values: dict) -> str:
-    return " ".join(f"{k}={v:.4f}" for k, v in values.items() if isinstance(v, float))
+    result, path = save_evaluation(run_dir, checkpoint=args.checkpoint, split=args.split, output=args.output)
+    print("\n".join(evaluation_lines(result, path)))
 
 
 if __name__ == "__main__":

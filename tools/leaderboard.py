@@ -2,7 +2,7 @@
 """Train every attention variant on one task recipe under the same step budget and seeds, test each run, and
 write benchmarks/<device>/leaderboard_<task>.{md,json,png}: test accuracy (mean +- std over seeds), wall time,
 samples/s, peak memory, and Long Range Arena's Table 1 row for the variant's family, with the protocol stated.
-Each run is tools/train.py then tools/eval.py in fresh processes (tools/zoo_bench/leaderboard.py); a failed run
+Each run is tools/train.py --test (train, then test) in a fresh process (tools/zoo_bench/leaderboard.py); a failed run
 (error, out of memory, NaN, timeout) gets its row with the reason. Run it again to resume a stopped sweep.
 
     tools/leaderboard.py recipes/lra_listops_quick.yaml --budget-steps 600 --seeds 2

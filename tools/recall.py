@@ -2,8 +2,8 @@
 """Sweep attention variants over MQAR (Zoology's multi-query associative recall) at several lengths, widths, seeds
 and learning rates, and write benchmarks/<device>/recall.{md,json,png}: test accuracy per cell (the learning rate
 with the best validation accuracy), a heatmap per variant, accuracy against each variant's state per layer, and
-the issue's goals beside the measured numbers (tools/zoo_bench/recall.py). Each run is tools/train.py then
-tools/eval.py in fresh processes; a failed run gets its record with the reason. Run it again to resume.
+the issue's goals beside the measured numbers (tools/zoo_bench/recall.py). Each run is tools/train.py --test
+(train, then test) in a fresh process; a failed run gets its record with the reason. Run it again to resume.
 
     tools/recall.py                                          # the whole default grid (many CPU hours)
     tools/recall.py --variants softmax linear performer local:window=16 --lengths 128 --widths 64 --lrs 3e-3

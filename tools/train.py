@@ -7,6 +7,7 @@ tools/train.py recipes/elecdemand_quick.yaml --set data.options.horizon=192
 accelerate launch --num_processes 8 tools/train.py recipes/vit_performer_1024.yaml
 tools/train.py recipes/quickstart.yaml --resume                  # continue from runs/quickstart/checkpoints/last
 tools/train.py recipes/quickstart.yaml --resume-from best        # when last is damaged
+tools/train.py recipes/ucr_acsf1_quick.yaml --test              # then its best checkpoint on the test split
 
 Errors are one line; the full traceback of any error goes to <run dir>/train.log (--debug prints it).
 """
@@ -14,10 +15,12 @@ Errors are one line; the full traceback of any error goes to <run dir>/train.log
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from zoo.cli import add_overrides, log_to, run_cli
 from zoo.config import load_recipe
+from zoo.evaluate import evaluation_lines, save_evaluation
 from zoo.train.distributed import end_processes
 from zoo.train.loop import Trainer, find_checkpoint
 
@@ -41,6 +44,12 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="start afresh in a run directory that holds checkpoints (replaced once new ones exist)",
     )
+    parser.add_argument(
+        "--test",
+        action="store_true",
+        help="then test the best checkpoint in this process, as `tools/eval.py RUN` does (eval.json); one process "
+        "only (test a distributed run with tools/eval.py)",
+    )
     parser.add_argument("--debug", action="store_true", help="print the full traceback of any error")
     return parser.parse_args()
 
@@ -50,6 +59,8 @@ def main() -> None:
     recipe = load_recipe(args.recipe, args.overrides)
     run_dir = Path(args.output or recipe.output_dir or Path("runs") / recipe.name)
     resume = args.resume_from or ("last" if args.resume else None)
+    if args.test and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"--test runs in one process: test this run afterwards with tools/eval.py {run_dir}")
     log_to(run_dir / "train.log")
     if not resume and find_checkpoint(run_dir) is not None:
         if not args.overwrite:
@@ -60,6 +71,8 @@ def main() -> None:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     Trainer(recipe, run_dir, resume=resume or False).fit()
     end_processes()
+    if args.test:
+        print("\n".join(evaluation_lines(*save_evaluation(run_dir, split="test"))))
 
 
 if __name__ == "__main__":

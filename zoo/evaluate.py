@@ -6,8 +6,10 @@ the forecasting sets), all on the same split."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,9 @@ __all__ = [
     "baselines",
     "confusion_layout",
     "evaluate",
+    "evaluation_lines",
     "plot_confusion",
+    "save_evaluation",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -236,6 +240,32 @@ def evaluate(
             raise TypeError("evaluate(model) needs the recipe it was built from and its num_classes")
         return _evaluate_model(source, recipe, split, num_classes)
     return _evaluate_run(Path(source), checkpoint=checkpoint, split=split)
+
+
+def save_evaluation(
+    run_dir: str | Path, *, checkpoint: str = "best", split: str = "test", output: str | Path | None = None
+) -> tuple[dict[str, Any], Path]:
+    """`evaluate(run_dir, ...)` with `wall_s`, the seconds it took, written to `output` (default
+    `<run_dir>/eval.json`): what tools/eval.py and `tools/train.py --test` write. Returns the result and its path."""
+    start = time.perf_counter()
+    result = evaluate(run_dir, checkpoint=checkpoint, split=split)
+    result["wall_s"] = round(time.perf_counter() - start, 3)
+    path = Path(output) if output else Path(run_dir) / "eval.json"
+    path.write_text(json.dumps(result, indent=2))
+    return result, path
+
+
+def evaluation_lines(result: dict[str, Any], path: Path) -> list[str]:
+    """What the command line prints of a result `save_evaluation` wrote to `path`: the split's scores, each
+    baseline's, the files written."""
+    lines = [f"{result['split']}: {_scores(result['metrics'])}"]
+    lines += [f"baseline {name}: {_scores(scores)}" for name, scores in result["baselines"].items()]
+    written = [str(path), *([result["confusion_png"]] if result["confusion_png"] else [])]
+    return [*lines, f"wrote {' and '.join(written)}"]
+
+
+def _scores(values: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value:.4f}" for key, value in values.items() if isinstance(value, float))
 
 
 def _evaluate_model(model: nn.Module, recipe: Recipe, split: str, num_classes: int) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def test_overrides_for_every_run_reach_each_run_and_are_checked_first(tmp_path, 
     extra = ("data.batch_size=4",)
     results = leaderboard.run_leaderboard(RECIPE, tmp_path, variants=["softmax"], budget_steps=2, extra=extra)
     assert seen == [extra] and results["protocol"]["sets"] == ["data.batch_size=4"]
-    assert "seed=S data.batch_size=4;" in results["protocol"]["run"]
+    assert results["protocol"]["run"].endswith("seed=S data.batch_size=4")
     # a later seed alone, for a second process to run beside the first
     later = leaderboard.run_leaderboard(RECIPE, tmp_path / "later", variants=["softmax"], budget_steps=2, first_seed=1)
     assert [r["seed"] for r in later["records"]] == [1] and later["protocol"]["seeds"] == [1]

@@ -2,6 +2,8 @@
 test_replicas)."""
 
 import json
+import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,24 @@ def test_train_writes_metrics_checkpoints_and_evaluates(tmp_path):
     assert 0.0 <= result["metrics"]["top1"] <= 1.0
     assert torch.tensor(result["metrics"]["confusion"]).sum() == 16
     assert Path(result["confusion_png"]).is_file()
+
+
+def test_train_then_test_in_one_process_writes_what_tools_eval_writes(tmp_path, monkeypatch, capsys):
+    train_main = runpy.run_path(str(ROOT / "tools" / "train.py"))["main"]
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["train.py", str(recipe_file(tmp_path)), "--output", str(run_dir), "--test"])
+    reset_accelerate()
+    train_main()
+    written = json.loads((run_dir / "eval.json").read_text())
+    assert f"test: loss={written['metrics']['loss']:.4f}" in capsys.readouterr().out
+    assert written["split"] == "test" and written["checkpoint"].endswith("best/model.safetensors")
+    assert written["wall_s"] > 0 and Path(written["confusion_png"]).is_file()
+    reset_accelerate()
+    assert written["metrics"] == json.loads(json.dumps(evaluate(run_dir, split="test")["metrics"]))
+    # a launcher's processes would each test: refused before training, with the command that tests afterwards
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"--test runs in one process: test this run afterwards with tools/eval.py"):
+        train_main()
 
 
 def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ seeds, and one training step of the same models timed at 2048 px, a 128 x 128 gr
 
     PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres --out benchmarks/cpu/highres.md
 
-Each training run is the leaderboard's (`zoo_bench.leaderboard.train_and_test`: tools/train.py then tools/eval.py
-in fresh processes, test accuracy, samples/s, peak resident set); each step time is a fresh process too (this
+Each training run is the leaderboard's (`zoo_bench.leaderboard.train_and_test`: tools/train.py --test in a fresh
+process, test accuracy, samples/s, peak resident set); each step time is a fresh process too (this
 module with `--step`): batch 1, AdamW, forward + backward + update, the median of the timed steps after a warm-up
 step. Results are saved after every run in a JSON beside the report, and a stopped comparison resumes.
 """

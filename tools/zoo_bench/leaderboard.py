@@ -1,20 +1,22 @@
 """A leaderboard: every attention variant trained on one task recipe under one step budget, then tested.
 
-Each (variant, seed) is one run in fresh processes, so that no state, compiled kernel or memory peak carries over:
+Each (variant, seed) is one run in a fresh process, so that no state, compiled kernel or memory peak carries over;
+it trains, then tests its best checkpoint as tools/eval.py would (`--test`; one process start instead of two):
 
-    tools/train.py RECIPE --output RUN --overwrite --set model.attention.name=V train.max_steps=N train.epochs=N seed=S
-    tools/eval.py RUN --split test
+    tools/train.py RECIPE --output RUN --overwrite --test --set model.attention.name=V train.max_steps=N \
+        train.epochs=N seed=S
 
 `train.epochs=N` only makes sure the epoch count never ends a run before its N steps (an epoch has at least one
 step); everything else (model, data, optimizer, schedule, evaluation cadence) is the recipe's. The recipe's own
 attention options go with its own variant only; `options` adds `model.attention.options.KEY=VALUE` per variant.
 
 A run's record comes from its folder (`train_summary.json`, `metrics.jsonl`, `eval.json`) and from watching its
-processes: wall time, and the peak resident set of the training process tree (sampled every 0.2 s), or the CUDA
-allocator's peak where the summary holds one (`cuda_peak_mib`). A run that fails (an error, out of memory, a NaN
-loss, a timeout) gets its record with the reason and the sweep goes on; after an error, out of memory or timeout
-the variant's later seeds are skipped, since they would fail the same way. The results are saved after every
-run, and a sweep started again with the same recipe, budget and device skips the (variant, seed) pairs it holds.
+process: wall time (training's and the test's apart), and the peak resident set of its process tree (sampled every
+0.2 s), or the CUDA allocator's peak in training where the summary holds one (`cuda_peak_mib`). A run that fails
+(an error, out of memory, a NaN loss, a timeout) gets its record with the reason and the sweep goes on; after an
+error, out of memory or timeout the variant's later seeds are skipped, since they would fail the same way. The
+results are saved after every run, and a sweep started again with the same recipe, budget and device skips the
+(variant, seed) pairs it holds.
 """
 
 from __future__ import annotations
@@ -194,33 +196,27 @@ def train_and_test(
     timeout: float,
     extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """One (variant, seed): train in a fresh process, test in another -> its record (failures included). `extra`:
-    more `--set` items (another model layout, say)."""
+    """One (variant, seed): trained, then tested, in one fresh process (`tools/train.py --test`) -> its record
+    (failures included). `extra`: more `--set` items (another model layout, say)."""
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     record: dict[str, Any] = {"variant": variant, "seed": seed, "options": options, "run_dir": str(run_dir)}
-    train = [sys.executable, str(TOOLS / "train.py"), str(recipe_path), "--output", str(run_dir), "--overwrite"]
-    train += ["--set", *overrides(recipe, variant, seed, budget_steps, options, extra)]
-    trained = run_child(train, run_dir / "train.log", timeout)
-    peak = trained["peak_rss_mib"]
-    record.update(train_wall_s=trained["wall_s"], peak_rss_mib=peak, peak_mib=peak)
-    if trained["returncode"] is None:
-        return {**record, "status": "timeout", "message": f"training killed after {timeout:g} s"}
-    if trained["returncode"] != 0:
-        return {**record, **_reason(run_dir / "train.log", trained["returncode"])}
+    command = [sys.executable, str(TOOLS / "train.py"), str(recipe_path), "--output", str(run_dir), "--overwrite"]
+    command += ["--test", "--set", *overrides(recipe, variant, seed, budget_steps, options, extra)]
+    child = run_child(command, run_dir / "train.log", timeout)
+    peak = child["peak_rss_mib"]
+    record.update(train_wall_s=child["wall_s"], peak_rss_mib=peak, peak_mib=peak)
+    if child["returncode"] is None:
+        return {**record, "status": "timeout", "message": f"training and testing killed after {timeout:g} s"}
+    if child["returncode"] != 0:
+        return {**record, **_reason(run_dir / "train.log", child["returncode"])}
     record.update(read_run(run_dir))
     # the CUDA allocator's peak where the run recorded one: the resident set of a GPU run is mostly the runtime
     record["peak_mib"] = record.get("cuda_peak_mib") or record["peak_rss_mib"]
-    if record["status"] != "ok":
-        return record
-    test = [sys.executable, str(TOOLS / "eval.py"), str(run_dir), "--split", "test"]
-    tested = run_child(test, run_dir / "eval.log", timeout)
-    record["eval_wall_s"] = tested["wall_s"]
-    if tested["returncode"] is None:
-        return {**record, "status": "timeout", "message": f"testing killed after {timeout:g} s"}
-    if tested["returncode"] != 0:
-        return {**record, **_reason(run_dir / "eval.log", tested["returncode"])}
-    return {**record, **read_run(run_dir)}
+    # the process's wall time less its test's: the training's own (imports and start-up included, as before)
+    tested = json.loads((run_dir / "eval.json").read_text())["wall_s"] if (run_dir / "eval.json").is_file() else 0
+    record.update(train_wall_s=round(child["wall_s"] - tested, 2), eval_wall_s=tested)
+    return record
 
 
 def protocol(
@@ -244,11 +240,11 @@ def protocol(
         # the runs inherit this process's OMP_NUM_THREADS, as torch reads it
         "threads": torch.get_num_threads(),
         "memory": (
-            "peak resident set of the training process tree, sampled every 0.2 s (a GPU run's CUDA allocator peak "
-            "instead where its train_summary.json holds cuda_peak_mib)"
+            "peak resident set of the process tree that trains and then tests, sampled every 0.2 s (a GPU run's CUDA "
+            "allocator peak in training instead where its train_summary.json holds cuda_peak_mib)"
         ),
-        "run": "tools/train.py RECIPE --output RUN --overwrite --set model.attention.name=V "
-        f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}; tools/eval.py RUN --split test",
+        "run": "tools/train.py RECIPE --output RUN --overwrite --test --set model.attention.name=V "
+        f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}",
         "sets": list(extra),
     }
 

@@ -6,10 +6,10 @@ two cells), a model of width d trains for the recipe's steps at each learning ra
 reports the learning rate whose validation accuracy, averaged over the seeds, is best, with that rate's test
 accuracy (mean and spread over the seeds). The recipe (`recipes/recall_mqar_quick.yaml`) fixes the rest.
 
-Each run is the leaderboard's: `tools/train.py` then `tools/eval.py` in fresh processes (`leaderboard.train_and_test`,
-so failures get their record with the reason), with `--set` items for the cell. A variant attends causally where
-it has a causal mode (task `causal_token_classification`, as Zoology's and Based's language models) and
-bidirectionally otherwise (`token_classification`: bigbird, linformer, nystrom); the data are Zoology's sample,
+Each run is the leaderboard's: `tools/train.py --test` in a fresh process (`leaderboard.train_and_test`, so failures
+get their record with the reason), with `--set` items for the cell. A variant attends causally where it has a
+causal mode (task `causal_token_classification`, as Zoology's and Based's language models) and bidirectionally
+otherwise (`token_classification`: bigbird, linformer, nystrom); the data are Zoology's sample,
 whose answers are never inputs, so both are fair. The results are saved after every run; a sweep started again
 with the same protocol skips the runs it holds.
 
