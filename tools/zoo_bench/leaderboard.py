@@ -160,7 +160,8 @@ def _reason(log: Path, returncode: int) -> dict[str, str]:
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """What a finished run's folder says: test metrics, steps, samples/s, CUDA peak, or the NaN that spoilt it."""
+    """What a finished run's folder says: test metrics and the test's wall time, steps, samples/s, CUDA peak, or the
+    NaN that spoilt it."""
     summary = json.loads((run_dir / "train_summary.json").read_text())
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     evals = [json.loads(line) for line in lines if line.strip()]
@@ -176,8 +177,11 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     }
     eval_path = run_dir / "eval.json"
     if eval_path.is_file():
-        metrics = json.loads(eval_path.read_text())["metrics"]
+        tested = json.loads(eval_path.read_text())
+        metrics = tested["metrics"]
         found["test"] = {key: value for key, value in metrics.items() if isinstance(value, (int, float))}
+        if "wall_s" in tested:
+            found["eval_wall_s"] = tested["wall_s"]
         bad = [key for key, value in found["test"].items() if not math.isfinite(value)]
         if bad:
             return {**found, "status": "nan", "message": f"test {bad[0]} is {found['test'][bad[0]]}"}
@@ -213,9 +217,9 @@ def train_and_test(
     record.update(read_run(run_dir))
     # the CUDA allocator's peak where the run recorded one: the resident set of a GPU run is mostly the runtime
     record["peak_mib"] = record.get("cuda_peak_mib") or record["peak_rss_mib"]
-    # the process's wall time less its test's: the training's own (imports and start-up included, as before)
-    tested = json.loads((run_dir / "eval.json").read_text())["wall_s"] if (run_dir / "eval.json").is_file() else 0
-    record.update(train_wall_s=round(child["wall_s"] - tested, 2), eval_wall_s=tested)
+    if "eval_wall_s" in record:
+        # the process's wall time less its test's: the training's own (imports and start-up included, as before)
+        record["train_wall_s"] = round(child["wall_s"] - record["eval_wall_s"], 2)
     return record
 
 
