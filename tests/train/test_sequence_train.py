@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import reset_accelerate
+from safetensors.torch import load_file
 
 from zoo.config import RecipeError, SequenceConfig, load_recipe, recipe_from_dict
 from zoo.data import INPUT_KINDS, DataContext, build_dataset, get_dataset, list_datasets
@@ -279,3 +280,26 @@ def test_gather_keeps_the_position_mask_boolean_and_leaves_inputs_out():
     assert got_outputs.shape == (2, 8, 3) and got_labels.shape == (2, 8)
     # sequence-level tasks gather no mask and pad nothing
     assert _gather(_TwoProcesses(), outputs[:, 0], labels[:, 0], None)[2] is None
+
+
+def test_without_validation_every_training_series_trains_and_the_last_weights_are_best(tmp_path):
+    # UCR's baselines train on the whole TRAIN file: val_fraction 0 leaves no validation split to select on
+    overrides = [*TINY, "train.max_steps=4", "train.eval_every_epochs=1", "data.batch_size=8"]
+    whole = [*overrides, "data.options.val_fraction=0", "train.validate=false"]
+    recipe = load_recipe(RECIPES / "ucr_acsf1_quick.yaml", whole)
+    with pytest.raises(ValueError, match=r"no samples in its 'val' split.*train\.validate: false trains without"):
+        Trainer(load_recipe(RECIPES / "ucr_acsf1_quick.yaml", whole[:-1]), tmp_path / "refused")
+    run_dir = tmp_path / "run"
+    reset_accelerate()
+    trainer = Trainer(recipe, run_dir)
+    # ACSF1's 100 training series, none held out: 12 batches of 8 (the last, incomplete one dropped)
+    assert len(trainer.train_loader) == 12 and trainer.val_loader is None
+    trainer.fit()
+    assert [set(r) for r in records(run_dir)] == [{"epoch", "step", "train_loss", "lr", "samples_per_s"}]
+    best, last = (load_file(run_dir / "checkpoints" / which / "model.safetensors") for which in ("best", "last"))
+    assert best.keys() == last.keys() and all(torch.equal(best[k], last[k]) for k in best)
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["steps"] == 4 and "train.validate: false" in summary["best_checkpoint"]
+    assert not [key for key in summary if key.startswith("best_val")]
+    reset_accelerate()
+    assert evaluate(run_dir, checkpoint="best", split="test")["metrics"]["samples"] == 100

@@ -205,6 +205,10 @@ class TrainConfig:
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     label_smoothing: float = unit_interval(0.0)
     eval_every_epochs: int = bounded(1, min=1)
+    # false: no validation split is read (train on every sample of the data's train split, as UCR's baselines do,
+    # e.g. with the ucr set's data.options.val_fraction: 0); nothing picks an epoch, so checkpoints/best holds the
+    # last evaluation's weights, and every eval_every_epochs only logs the training loss and checkpoints
+    validate: bool = True
     log_every_steps: int = bounded(10, min=1)
     checkpoint_every_steps: int | None = bounded(None, min=1)
     # batches whose loss is NaN or inf that are skipped (no optimizer step) before the run stops with an error

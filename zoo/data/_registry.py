@@ -192,8 +192,10 @@ def build_dataset(name: str, context: DataContext, **options: Any) -> Dataset:
     dataset = spec.build(spec.make_options(options), context)
     if hasattr(dataset, "__len__") and len(dataset) == 0:
         where = f" at {context.root!r}" if context.root is not None else ""
+        hint = " (train.validate: false trains without a validation split)" if context.split == "val" else ""
         raise ValueError(
-            f"dataset {name!r}{where} has no samples in its {context.split!r} split: nothing to train or evaluate on"
+            f"dataset {name!r}{where} has no samples in its {context.split!r} split: nothing to train or evaluate "
+            f"on{hint}"
         )
     return dataset
 

@@ -7,7 +7,8 @@ checkpoint. The attention's `auxiliary_loss` is added to the task's loss.
 
 A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one JSON object per evaluation, its
 `epoch` numbered as the progress bar numbers it: an evaluation after part of an epoch counts that epoch),
-`checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state),
+`checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state; best by the
+task's validation score, or the last evaluation's under `train.validate: false`, which reads no validation split),
 `train_summary.json`, and with `train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with`
 tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A
 checkpoint is written to a temporary directory and renamed into place, so a crash never leaves a partial
@@ -194,7 +195,9 @@ class Trainer:
         set_seed(recipe.seed)
         self.kind = get_model_kind(recipe.model.kind)
         self.task = self.kind.task(recipe)
-        train_set, val_set = build_split(recipe, "train"), build_split(recipe, "val")
+        train_set = build_split(recipe, "train")
+        # train.validate false: no validation split is read, the last evaluation's weights are the best
+        val_set = build_split(recipe, "val") if cfg.validate else None
         # the run's sizes, read once: every model of the run is built from them (runs/NAME/model.json)
         sizes = sizes_of(recipe, train_set)
         self.num_classes = self.task.num_outputs(sizes)
@@ -213,9 +216,10 @@ class Trainer:
             layer_decay=recipe.optim.layer_decay,
             betas=tuple(recipe.optim.betas),
         )
-        self.model, self.optimizer, self.train_loader, self.val_loader = self.accelerator.prepare(
-            model, optimizer, build_loader(recipe, train_set, True), build_loader(recipe, val_set, False)
+        self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
+            model, optimizer, build_loader(recipe, train_set, True)
         )
+        self.val_loader = self.accelerator.prepare(build_loader(recipe, val_set, False)) if val_set is not None else None
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
             raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
@@ -441,15 +445,7 @@ class Trainer:
         return self.optimizer.param_groups[0]["lr"]
 
     def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
-        metrics = evaluate_loader(
-            self.model,
-            self.val_loader,
-            self.accelerator,
-            task=self.task,
-            model_inputs=self.kind.inputs,
-            metric_names=self.recipe.metrics,
-            num_classes=self.num_classes,
-        )
+        metrics = self._validate()
         record = {
             # the epoch as the progress bar numbers it: one that train.max_steps stopped part-way counts
             "epoch": self.state.epoch + int(self.state.batch_in_epoch > 0),
@@ -460,9 +456,14 @@ class Trainer:
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
         log_eval(self.accelerator, self.run_dir, record)
-        score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
-        if score > self.state.best_metric:
-            self.state.best_metric = score
+        if self.val_loader is None:
+            # nothing to choose by: the latest weights are the best there are
+            improved = True
+        else:
+            score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
+            improved = score > self.state.best_metric
+            self.state.best_metric = max(score, self.state.best_metric)
+        if improved:
             # best first: a crash before `last` is replaced resumes before this evaluation and repeats it, where
             # `last` first would resume past it with `best` never written
             self._save("best")
@@ -471,6 +472,20 @@ class Trainer:
             self._save("last")
         return record
 
+    def _validate(self) -> dict[str, Any]:
+        """The validation split's metrics; none under train.validate false."""
+        if self.val_loader is None:
+            return {}
+        return evaluate_loader(
+            self.model,
+            self.val_loader,
+            self.accelerator,
+            task=self.task,
+            model_inputs=self.kind.inputs,
+            metric_names=self.recipe.metrics,
+            num_classes=self.num_classes,
+        )
+
     def _sync_replicas(self) -> None:
         """After every optimizer step: process 0's buffers to every process (zoo.train.distributed.sync_buffers); after
         the first, the replicas compared, so that a divergence stops the run at once, not at its end."""
@@ -478,6 +493,12 @@ class Trainer:
         if not self._replicas_compared and self.accelerator.num_processes > 1:
             self._replicas_compared = True
             _raise_if_diverged(*replica_mismatches(self.accelerator.unwrap_model(self.model)), self.state.step)
+
+    def _selected(self) -> dict[str, Any]:
+        """What picked checkpoints/best, for train_summary.json."""
+        if self.val_loader is None:
+            return {"best_checkpoint": "the last evaluation's (train.validate: false)"}
+        return {f"best_val_{self.selection}": self.state.best_metric * (1 if self.higher_is_better else -1)}
 
     def _finish(self, last_eval: dict) -> None:
         """Check that every replica holds the same weights and buffers, then write `train_summary.json`."""
@@ -492,7 +513,7 @@ class Trainer:
                 "device": str(self.accelerator.device),
                 "replica_checksums": checksums,
                 "replicas_identical": not differ,
-                f"best_val_{self.selection}": self.state.best_metric * (1 if self.higher_is_better else -1),
+                **self._selected(),
                 "last_eval": last_eval,
             }
             (self.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
