@@ -219,7 +219,7 @@ class Trainer:
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, build_loader(recipe, train_set, True)
         )
-        self.val_loader = self.accelerator.prepare(build_loader(recipe, val_set, False)) if val_set is not None else None
+        self.val_loader = None if val_set is None else self.accelerator.prepare(build_loader(recipe, val_set, False))
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
             raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
