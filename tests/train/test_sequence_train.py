@@ -285,10 +285,11 @@ def test_gather_keeps_the_position_mask_boolean_and_leaves_inputs_out():
 def test_without_validation_every_training_series_trains_and_the_last_weights_are_best(tmp_path):
     # UCR's baselines train on the whole TRAIN file: val_fraction 0 leaves no validation split to select on
     overrides = [*TINY, "train.max_steps=4", "train.eval_every_epochs=1", "data.batch_size=8"]
-    whole = [*overrides, "data.options.val_fraction=0", "train.validate=false"]
-    recipe = load_recipe(RECIPES / "ucr_acsf1_quick.yaml", whole)
+    recipe = load_recipe(RECIPES / "ucr_acsf1_quick.yaml", [*overrides, "data.options.val_fraction=0"])
+    assert not recipe.train.validate
+    refused = load_recipe(RECIPES / "ucr_acsf1_quick.yaml", [*overrides, "train.validate=true"])
     with pytest.raises(ValueError, match=r"no samples in its 'val' split.*train\.validate: false trains without"):
-        Trainer(load_recipe(RECIPES / "ucr_acsf1_quick.yaml", whole[:-1]), tmp_path / "refused")
+        Trainer(refused, tmp_path / "refused")
     run_dir = tmp_path / "run"
     reset_accelerate()
     trainer = Trainer(recipe, run_dir)
