@@ -1,8 +1,15 @@
 """Fixtures shared by the test files."""
 
+import os
 import sys
 
 import pytest
+import torch
+
+# Without a GPU, zoo's Triton kernels run in Triton's interpreter on CPU tensors; it is chosen when a kernel is
+# defined, so before zoo is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _network_blocked = False
 

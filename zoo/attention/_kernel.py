@@ -19,6 +19,7 @@ from einops import rearrange
 from torch import Tensor
 
 from ._common import pad_to_multiple
+from ._fla import fla_causal_kernel_attention, use_fla
 
 __all__ = [
     "DENOMINATOR_EPS",
@@ -77,7 +78,9 @@ def kernel_attention(
     With key_log_scale the weights are `exp(m_j - M_i)`, `M_i` = max of `m_j` over the keys query i sees, so
     nothing overflows and no query depends on a key it does not see.
     A row whose normaliser is below `eps` (no kept key) is divided by `eps`: zero, not NaN.
-    Computed in float32 at least, with autocast off.
+    Computed in float32 at least, with autocast off. Causal without key_log_scale on CUDA, fla's kernels compute it
+    where `_fla.use_fla` allows (16-bit values by default; `ZOO_FLA=0` never, `ZOO_FLA=1` float32 values too, with
+    TF32 matmuls); `chunk_size` then goes unused.
     """
     if phi_q.shape[-1] != phi_k.shape[-1] or phi_k.shape[-2] != v.shape[-2]:
         raise ValueError(
@@ -94,6 +97,10 @@ def kernel_attention(
     dtype = _compute_dtype(torch.promote_types(phi_q.dtype, v.dtype))
     # Features are exponentials: bf16 / fp16 sums over many keys would lose the normaliser, so autocast is off.
     with torch.autocast(v.device.type, enabled=False):
+        # Causal without a key log-scale: fla's Triton kernels where they apply (`_fla.use_fla`, on CUDA).
+        if is_causal and key_log_scale is None and use_fla(phi_q, phi_k, v):
+            out = fla_causal_kernel_attention(phi_q.to(dtype), phi_k.to(dtype), v.to(dtype), eps)
+            return out.to(out_dtype)
         phi_q, phi_k, v1 = phi_q.to(dtype), phi_k.to(dtype), _with_ones(v.to(dtype))
         if key_log_scale is not None:
             key_log_scale = _finite(key_log_scale.to(dtype))

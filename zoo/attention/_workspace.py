@@ -23,6 +23,7 @@ from ._kernel import DENOMINATOR_EPS
 
 __all__ = [
     "SplitHeads",
+    "SplitHeadsMixin",
     "Workspace",
     "first_order_only",
     "keep_in_rows",
@@ -128,6 +129,16 @@ class SplitHeads(torch.autograd.Function):
             else:
                 packed[:, :, i] = grad.permute(0, 2, 1, 3)
         return packed.view(b, n, 3 * h * d), None
+
+
+class SplitHeadsMixin:
+    """For an `AttentionBase` whose kernels write q, k and v's gradients into one `[b, n, 3, h, d]` buffer (the
+    blocked CPU kernels, the fused GPU kernels): `project_qkv` through `SplitHeads`, whose backward hands that
+    buffer on as the qkv projection's gradient, where unbind's would stack and copy it twice."""
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
+        return self.q_norm(q), self.k_norm(k), v
 
 
 # A GPU takes the whole sequence as one block up to this many bytes per workspace: the CPU's block sizes fit its

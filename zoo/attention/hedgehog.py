@@ -38,8 +38,10 @@ from torch import Tensor, nn
 from .._validate import check_int
 from ._blocks import as_sdpa_mask, band_keep, window_layout
 from ._common import AttentionBase, masked_fill_keys
+from ._fused_linear import Feature, fused_kernel_attention, fused_usable
 from ._kernel import DENOMINATOR_EPS, KernelStepMixin, _causal, kernel_attention
 from ._registry import register_attention
+from ._workspace import SplitHeadsMixin
 
 __all__ = ["HedgehogAttention", "WindowState", "hedgehog_attention", "hedgehog_features", "identity_feature_map"]
 
@@ -89,7 +91,10 @@ def hedgehog_attention(
     True = keep; window: 0 (pure linear attention) or the band half-width (|i - j| <= window, 0 <= i - j <= window
     when causal); window_gate: `[h]` weight g_h of the band's terms (None = 1); scale: of q.k in the band (default
     d^-1/2) -> `[b, h, n, d]` in v's dtype. Computed in float32 at least; a query with no kept key returns zeros.
+    Without a window, non-causal on CUDA: the fused Triton kernels (`_fused_linear`), the features never stored.
     """
+    if window == 0 and not is_causal and fused_usable(q, k, v, 2 * feature_map_q.shape[-1]):
+        return fused_kernel_attention(q, k, v, mask, Feature.HEDGEHOG, feature_map_q, feature_map_k)
     phi_q = hedgehog_features(q, feature_map_q)
     phi_k = hedgehog_features(k, feature_map_k, mask)
     if window == 0:
@@ -168,7 +173,7 @@ class WindowState(NamedTuple):
 
 
 @register_attention("hedgehog")
-class HedgehogAttention(KernelStepMixin, AttentionBase):
+class HedgehogAttention(SplitHeadsMixin, KernelStepMixin, AttentionBase):
     """Hedgehog linear attention with learned feature maps (`feature_dim` f per half, 64 as in LoLCATs), separate
     maps for q and k; `window > 0` adds LoLCATs' exact sliding window. Causal mode and recurrent decoding.
 

@@ -5,7 +5,8 @@ Softmax's `exp(q.k)` replaced by the dot product of positive features `phi(x) = 
 sequence length. Causally, S and z are prefix sums, computed in chunks (`_kernel.kernel_attention`: memory
 `[n, w]` and `[n / w, d, d]`, never `[n, d, d]`); decoding carries `(S, z)` from token to token in O(d^2)
 (`decode_step`, from `KernelStepMixin`), which is the paper's RNN view. Non-causal, a blocked kernel with a
-hand-written backward (`_BlockedLinear`) is the fast path; `reference=True` takes `kernel_attention` instead.
+hand-written backward (`_BlockedLinear`) is the CPU's fast path and fused Triton kernels (`_fused_linear`) the
+GPU's; `reference=True` takes `kernel_attention` instead.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from torch import Tensor
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._features import elu_feature_map
+from ._fused_linear import Feature, fused_kernel_attention, fused_usable
 from ._kernel import KernelStepMixin, kernel_attention
 from ._registry import register_attention
 from ._workspace import (
-    SplitHeads,
+    SplitHeadsMixin,
     Workspace,
     first_order_only,
     keep_in_rows,
@@ -53,9 +55,12 @@ def linear_attention(
     Padded keys get zero features, so they add nothing to S or z. Causal: chunks of `chunk_size` (any length
     works; the last chunk is padded internally). Accumulated in float32 at least.
 
-    Non-causal: `_BlockedLinear`, in row blocks with the features recomputed in backward (no `[n, d]` intermediate
-    is ever stored); `reference=True`, and causally, through `kernel_attention`.
+    Non-causal: on CUDA the fused Triton kernels (`_fused_linear`); elsewhere `_BlockedLinear`, in row blocks with
+    the features recomputed in backward (no `[n, d]` intermediate is ever stored); `reference=True`, and causally,
+    through `kernel_attention`.
     """
+    if not reference and not is_causal and fused_usable(q, k, v, q.shape[-1]):
+        return fused_kernel_attention(q, k, v, mask, Feature.ELU)
     # the blocked kernel walks keys and queries in the same row blocks: equal lengths only
     if not reference and not is_causal and k.shape[-2] == q.shape[-2]:
         out_dtype = v.dtype
@@ -163,7 +168,7 @@ class _BlockedLinear(torch.autograd.Function):
 
 
 @register_attention("linear")
-class LinearAttention(KernelStepMixin, AttentionBase):
+class LinearAttention(SplitHeadsMixin, KernelStepMixin, AttentionBase):
     """Linear attention (elu + 1 features) with timm's projections; causal mode and recurrent decoding.
 
     No parameters or buffers beyond timm's, so weights copy to and from every other variant. No 1/sqrt(d)
@@ -189,11 +194,6 @@ class LinearAttention(KernelStepMixin, AttentionBase):
         self.reference = check_bool("reference", reference)
         # The recurrent state has one feature per head dim: phi is elementwise.
         self.state_features = self.head_dim
-
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """As `AttentionBase.project_qkv`, with a backward that takes the blocked kernel's packed qkv gradient as is."""
-        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
-        return self.q_norm(q), self.k_norm(k), v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         return linear_attention(q, k, v, mask, is_causal, chunk_size=self.chunk_size, reference=self.reference)

@@ -22,11 +22,12 @@ from torch import Tensor
 from .._validate import check_bool, check_int
 from ._common import AttentionBase
 from ._features import PROJECTIONS, random_projection, relu_kernel_features, softmax_kernel_features
+from ._fused_linear import Feature, fused_kernel_attention, fused_usable
 from ._kernel import KernelStepMixin, kernel_attention
 from ._registry import register_attention
 from ._seeded import SeedStepMixin
 from ._workspace import (
-    SplitHeads,
+    SplitHeadsMixin,
     Workspace,
     first_order_only,
     keep_in_rows,
@@ -64,11 +65,17 @@ def favor_attention(
     `phi(q).phi(k)` estimates `exp(q.k / sqrt(d))`. `eps` is the floor added to every feature (softmax: after
     stabilisation; relu: the generalized-attention kernel epsilon).
 
-    The non-causal softmax kernel runs block by block (`_BlockedFavor`: features never stored, recomputed in
-    backward); `reference=True`, causal mode and the relu kernel take explicit features through `kernel_attention`.
+    Non-causal on CUDA, both kernels run in the fused Triton kernels (`_fused_linear`: features computed in the
+    kernels from q and k as they come, never stored); elsewhere the softmax kernel runs block by block
+    (`_BlockedFavor`: features recomputed in backward); `reference=True`, causal mode and the relu kernel on the
+    CPU take explicit features through `kernel_attention`.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r} is not one of {', '.join(map(repr, KERNELS))}")
+    if not reference and not is_causal and fused_usable(q, k, v, projection.shape[0]):
+        weight = projection.t()[None]  # [1, d, r]: a view, so backward keeps no copy of the buffer
+        feature = Feature.FAVOR if kernel == "softmax" else Feature.RELU
+        return fused_kernel_attention(q, k, v, mask, feature, weight, weight, eps)
     out_dtype = v.dtype
     # Feature maps are exponentials of dot products: in bf16 / fp16 they overflow or lose the normaliser, so
     # features and contractions run in float32 with autocast off, and only the output returns to v's dtype.
@@ -248,7 +255,7 @@ def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Tensor | None, of
 
 
 @register_attention("performer")
-class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
+class PerformerAttention(SplitHeadsMixin, SeedStepMixin, KernelStepMixin, AttentionBase):
     """FAVOR+ multi-head attention with timm's projections; causal mode by chunked prefix sums.
 
     The non-causal softmax kernel runs through `_BlockedFavor` (blocked, features recomputed in backward);
@@ -323,11 +330,6 @@ class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
         super().on_optimizer_step()
         if self.redraw_interval and int(self.step) % self.redraw_interval == 0:
             self.random_features.copy_(self.draw_features(int(self.step) // self.redraw_interval))
-
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """As `AttentionBase.project_qkv`, with a backward that saves two copies of `[b, n, 3 h d]`."""
-        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
-        return self.q_norm(q), self.k_norm(k), v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         return favor_attention(

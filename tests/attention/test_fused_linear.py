@@ -1,0 +1,167 @@
+"""The fused Triton kernels of the non-causal linear family (`zoo.attention._fused_linear`) against the torch paths.
+
+On a machine without a GPU the kernels run in Triton's interpreter on CPU tensors (`tests/conftest.py` sets
+`TRITON_INTERPRET=1`), with the fused path forced (`force_fused`); with a GPU they run compiled on CUDA. Every
+case is compared with the same module on its torch path on the CPU in fp32 (`reference=True` where the variant has
+one), on outputs, the input's gradient and every parameter's gradient.
+"""
+
+import builders
+import pytest
+import torch
+from builders import grads
+
+import zoo.attention._fused_linear as fused
+from zoo.attention._fused_linear import force_fused
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
+
+# The variants and options whose non-causal mode the fused kernels compute: every feature map they hold.
+FUSED = {
+    "linear": ("linear", {}),
+    "performer": ("performer", {"nb_features": 24}),
+    "performer-relu": ("performer", {"nb_features": 24, "kernel": "relu"}),
+    "hedgehog": ("hedgehog", {"feature_dim": 8}),
+    "hedgehog-wide": ("hedgehog", {"feature_dim": 24}),
+}
+
+
+def torch_path(name: str, options: dict) -> dict:
+    """The options of the torch path: the reference where the variant has one (hedgehog's torch path is one)."""
+    return {**options, "reference": True} if name != "hedgehog" else options
+
+
+def run(module, x, keep=None, *, device=DEVICE, force=True, dtype=None):
+    """Output and gradients (input, then every parameter) of `module` on `device`, kept query rows only."""
+    module = module.to(device)
+    x = x.to(device).detach().requires_grad_()
+    mask = None if keep is None else keep.to(device)
+    with force_fused() if force else torch.enable_grad():
+        if dtype is None:
+            out = module(x, attn_mask=mask)
+        else:
+            with torch.autocast(device, dtype=dtype):
+                out = module(x, attn_mask=mask)
+    params = [p for p in module.parameters() if p.requires_grad]
+    keep_rows = None if keep is None else keep.to(device)
+    gradients = grads(out.float(), [x, *params], keep_rows)
+    rows = slice(None) if keep is None else keep.to(device)
+    return [t.detach().float().cpu() for t in (out[rows], *gradients)]
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def counting_forward(monkeypatch) -> list:
+    """Replace the op's forward with one that counts its calls."""
+    calls = []
+    original = fused._forward
+
+    def counted(*args):
+        calls.append(args[0].device.type)
+        return original(*args)
+
+    monkeypatch.setattr(fused, "_forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize("case", list(FUSED))
+def test_fused_kernels_equal_the_torch_path(case, masked, monkeypatch):
+    name, options = FUSED[case]
+    calls = counting_forward(monkeypatch)
+    module = builders.make(name, DIM, HEADS, **options)
+    reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
+    reference.load_state_dict(module.state_dict())
+    x = builders.tokens(BATCH, LENGTH, DIM)
+    keep = builders.padding(BATCH, LENGTH, drop=0.3) if masked else None
+    expected = run(reference, x, keep, device="cpu", force=False)
+    actual = run(module, x, keep)
+    assert calls == [DEVICE]
+    for got, want in zip(actual, expected, strict=True):
+        assert relative(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("case", ["linear", "performer", "hedgehog"])
+def test_fused_kernels_split_the_sequence_over_programs(case):
+    """One sample and head, 300 keys: the state and the gradients' sums are split over several programs and tiles
+    (atomic adds), with a ragged last tile."""
+    name, options = FUSED[case]
+    module = builders.make(name, 16, 1, **options)
+    reference = builders.make(name, 16, 1, **torch_path(name, options))
+    reference.load_state_dict(module.state_dict())
+    x = builders.tokens(1, 300, 16)
+    plan = fused._Plan(torch.empty(1, 1, 300, 16, device=DEVICE), torch.empty(1, 1, 300, 16), 16, 0, 0.0)
+    assert plan.splits > 1 and plan.tiles > 1
+    for got, want in zip(run(module, x), run(reference, x, device="cpu", force=False), strict=True):
+        assert relative(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(FUSED))
+def test_half_precision_is_finite_and_close_to_fp32(case, dtype):
+    """Under autocast, with activations 8x larger than LayerNorm's (where exp features overflow a half type), the
+    output and every gradient stay finite and within half precision's rounding of the fp32 torch path."""
+    name, options = FUSED[case]
+    module = builders.make(name, DIM, HEADS, **options)
+    reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
+    reference.load_state_dict(module.state_dict())
+    x = 8 * builders.tokens(BATCH, LENGTH, DIM)
+    keep = builders.padding(BATCH, LENGTH, drop=0.3)
+    expected = run(reference, x, keep, device="cpu", force=False)
+    actual = run(module, x, keep, dtype=dtype)
+    for got, want in zip(actual, expected, strict=True):
+        assert torch.isfinite(got).all()
+        assert relative(got, want) < 5e-2
+
+
+@pytest.mark.parametrize("case", ["linear", "performer", "hedgehog"])
+def test_padded_tokens_change_nothing_and_get_no_gradient(case):
+    """Rewriting the padded tokens leaves the kept rows' output unchanged, and the kept rows' output has exactly zero
+    gradient with respect to a padded token (its key and value get zero features; its query is not kept)."""
+    name, options = FUSED[case]
+    module = builders.make(name, DIM, HEADS, **options).to(DEVICE)
+    keep = builders.padded_tails(LENGTH, [LENGTH, 20]).to(DEVICE)
+    x = builders.tokens(BATCH, LENGTH, DIM).to(DEVICE).requires_grad_()
+    rewritten = torch.where(keep[..., None], x.detach(), 100.0 * torch.randn_like(x))
+    with force_fused():
+        out = module(x, attn_mask=keep)
+        out_rewritten = module(rewritten, attn_mask=keep)
+    assert torch.allclose(out[keep], out_rewritten[keep], rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(out[keep].square().sum(), x)
+    assert grad[~keep].abs().max().item() == 0.0
+    assert grad[keep].abs().max().item() > 0.0
+
+
+def test_cpu_tensors_take_the_torch_path_unless_forced(monkeypatch):
+    calls = counting_forward(monkeypatch)
+    module = builders.make("linear", DIM, HEADS)
+    module(builders.tokens(BATCH, LENGTH, DIM))
+    assert calls == []
+    with force_fused():
+        module(builders.tokens(BATCH, LENGTH, DIM))
+    assert calls == ["cpu"]
+
+
+def test_zoo_fused_0_turns_the_fused_path_off(monkeypatch):
+    calls = counting_forward(monkeypatch)
+    monkeypatch.setenv("ZOO_FUSED", "0")
+    module = builders.make("performer", DIM, HEADS, nb_features=24).to(DEVICE)
+    with force_fused():
+        module(builders.tokens(BATCH, LENGTH, DIM).to(DEVICE))
+    assert calls == []
+
+
+def test_compiled_module_has_no_graph_break_and_equals_eager():
+    """torch.compile(fullgraph=True) sees the fused op as one node (a graph break would raise), and forward and
+    backward equal the eager module's."""
+    torch._dynamo.reset()
+    module = builders.make("performer", DIM, HEADS, nb_features=24)
+    x = builders.tokens(BATCH, LENGTH, DIM)
+    keep = builders.padding(BATCH, LENGTH, drop=0.3)
+    eager = run(module, x, keep)
+    compiled = run(torch.compile(module, fullgraph=True), x, keep)
+    for got, want in zip(compiled, eager, strict=True):
+        assert relative(got, want) < 1e-6
