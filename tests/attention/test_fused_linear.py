@@ -165,3 +165,16 @@ def test_compiled_module_has_no_graph_break_and_equals_eager():
     compiled = run(torch.compile(module, fullgraph=True), x, keep)
     for got, want in zip(compiled, eager, strict=True):
         assert relative(got, want) < 1e-6
+
+
+def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
+    q = torch.empty(1, 1, 100, 16)
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "elu=32:4,favor=16:8")
+    assert (fused._Plan(q, q, 16, fused.Feature.ELU, 0.0).block_n, fused._Plan(q, q, 16, 0, 0.0).warps) == (32, 4)
+    assert (fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).block_n, fused._Plan(q, q, 16, 1, 0.0).warps) == (16, 8)
+    default = fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0)
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "64:8")
+    assert (fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0).block_n, default.block_n) == (64, 64)
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=64")
+    with pytest.raises(ValueError, match="'favor=64' is not rows:warps"):
+        fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0)

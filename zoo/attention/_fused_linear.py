@@ -374,6 +374,23 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _config_override(kind: int) -> tuple[int, int] | None:
+    """`ZOO_FUSED_CONFIG`: `rows:warps` for every feature map, or per map, `elu=64:4,favor=32:8` (the names of
+    `Feature`, lower case): tile rows and warps, for a block-size sweep (`zoo_bench.kernel_configs`)."""
+    text = os.environ.get("ZOO_FUSED_CONFIG", "")
+    for entry in filter(None, text.split(",")):
+        name, _, config = entry.rpartition("=")
+        if name in ("", Feature(kind).name.lower()):
+            try:
+                rows, warps = (int(part) for part in config.split(":"))
+            except ValueError:
+                raise ValueError(
+                    f"ZOO_FUSED_CONFIG entry {entry!r} is not rows:warps, e.g. 64:4 or favor=32:8"
+                ) from None
+            return rows, warps
+    return None
+
+
 class _Plan:
     """Block sizes, split counts and the constants of one call."""
 
@@ -384,10 +401,9 @@ class _Plan:
         # The `[w, r]` feature tile and the `[r, e]` state share the registers with the accumulators.
         self.block_n = 64 if self.block_r <= 128 else 32
         self.warps = 4 if self.block_r * self.block_e <= 64 * 64 else 8
-        # `ZOO_FUSED_CONFIG=rows:warps` (e.g. 64:8) overrides both, for the device check's block-size sweep
-        override = os.environ.get("ZOO_FUSED_CONFIG")
+        override = _config_override(kind)
         if override:
-            self.block_n, self.warps = (int(part) for part in override.split(":"))
+            self.block_n, self.warps = override
         n_tiles = triton.cdiv(n, self.block_n)
         splits = max(1, min(n_tiles, _programs(q.device) // (b * h)))
         self.tiles = triton.cdiv(n_tiles, splits)

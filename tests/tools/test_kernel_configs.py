@@ -1,0 +1,29 @@
+"""The block-size sweep of the fused kernels, rehearsed on the CPU (Triton's interpreter, toy sizes)."""
+
+import json
+
+from zoo_bench import kernel_configs
+
+from zoo.attention._fused_linear import Feature, _config_override
+
+
+def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4"))
+    small = {"performer": {"nb_features": 16}, "hedgehog": {"feature_dim": 8}}
+    features = {
+        name: (variant, small.get(name, {}), feature) for name, (variant, _, feature) in kernel_configs.FEATURES.items()
+    }
+    monkeypatch.setattr(kernel_configs, "FEATURES", features)
+    monkeypatch.setattr(kernel_configs, "CPU_SHAPES", {"vit_s_1024": (1, 33, 32, 1), "64k": (1, 40, 32, 1)})
+    monkeypatch.setattr("sys.argv", ["kernel_configs", "--out", str(tmp_path), "--device", "cpu", "--repeats", "1"])
+    kernel_configs.main()
+    results = json.loads((tmp_path / "kernel_configs.json").read_text())
+    for name, (_, _, feature) in kernel_configs.FEATURES.items():
+        timings = results["configs"][name]
+        assert set(timings) == {"16:4", "32:4"}
+        fastest = min(timings, key=lambda c: timings[c]["vit_s_1024"] + timings[c]["64k"] / 4)
+        assert results["best"][feature] == fastest
+        monkeypatch.setenv("ZOO_FUSED_CONFIG", results["env"])
+        rows, warps = (int(part) for part in fastest.split(":"))
+        assert _config_override(Feature[feature.upper()]) == (rows, warps)
+    assert "Chosen: `ZOO_FUSED_CONFIG=" in (tmp_path / "kernel_configs.md").read_text()

@@ -1,0 +1,121 @@
+"""Block sizes of the fused linear-family kernels (`zoo.attention._fused_linear`), timed on a GPU.
+
+`python -m zoo_bench.kernel_configs --out DIR` times forward + backward of one attention layer (projections
+included, bf16 autocast, the shapes the 1024-px recipes and the 64K sweep use) for every feature map under each
+`rows:warps` configuration, with SDPA beside it, and writes `kernel_configs.json` / `.md` with the fastest
+configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them (printed last, for a lease
+script to export before the device check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from zoo.attention import create_attention
+from zoo.attention._fused_linear import force_fused
+
+# name -> (variant, options, `Feature` name)
+FEATURES = {
+    "linear": ("linear", {}, "elu"),
+    "performer": ("performer", {"nb_features": 256}, "favor"),
+    "hedgehog": ("hedgehog", {"feature_dim": 64}, "hedgehog"),
+}
+CONFIGS = ("32:4", "64:4", "64:8", "32:8")
+# (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
+SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
+# The CPU rehearsal (Triton's interpreter): the same shapes' roles at toy sizes
+CPU_SHAPES = {"vit_s_1024": (2, 65, 64, 1), "64k": (1, 256, 64, 1)}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_layer(name: str, options: dict, shape: tuple[int, int, int, int], device: str, repeats: int) -> float:
+    """Median ms of forward + backward of one layer in bf16 autocast (the fused path forced on the CPU)."""
+    batch, n, dim, heads = shape
+    module = create_attention(name, dim, heads, **options).to(device)
+    x = torch.randn(batch, n, dim, device=device).requires_grad_()
+    grad = torch.randn(batch, n, dim, device=device)
+    times = []
+    for step in range(repeats + 3):
+        _sync(device)
+        start = time.perf_counter()
+        forced = force_fused() if device == "cpu" else contextlib.nullcontext()
+        with forced, torch.autocast(device, dtype=torch.bfloat16):
+            out = module(x)
+        out.backward(grad)
+        _sync(device)
+        if step >= 3:
+            times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[len(times) // 2]
+
+
+def sweep(device: str = "cuda", repeats: int = 10) -> dict:
+    """Every (variant, configuration, shape) timed; the best configuration per feature map weighs the 1024-px
+    shape fully and the 64K one by a quarter."""
+    shapes = SHAPES if device == "cuda" else CPU_SHAPES
+    results: dict = {"device": device, "configs": {}, "sdpa_ms": {}, "best": {}}
+    for shape_name, shape in shapes.items():
+        results["sdpa_ms"][shape_name] = time_layer("softmax", {}, shape, device, repeats)
+    for name, (variant, options, feature) in FEATURES.items():
+        rows = results["configs"].setdefault(name, {})
+        for config in CONFIGS:
+            os.environ["ZOO_FUSED_CONFIG"] = config
+            try:
+                rows[config] = {s: time_layer(variant, options, shape, device, repeats) for s, shape in shapes.items()}
+            except Exception as error:  # noqa: BLE001 - a configuration that fails to compile is recorded
+                rows[config] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+            finally:
+                os.environ.pop("ZOO_FUSED_CONFIG", None)
+        timed = {c: r for c, r in rows.items() if "error" not in r}
+        if timed:
+            best = min(timed, key=lambda c: timed[c]["vit_s_1024"] + timed[c]["64k"] / 4)
+            results["best"][feature] = best
+    results["env"] = ",".join(f"{feature}={config}" for feature, config in results["best"].items())
+    return results
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "# Fused kernel block sizes",
+        "",
+        f"Forward + backward of one layer on {results['device']}, bf16, ms (median); SDPA: {results['sdpa_ms']}.",
+        "",
+        "| variant | rows:warps | " + " | ".join(SHAPES) + " |",
+        "|---|---|" + "---|" * len(SHAPES),
+    ]
+    for name, rows in results["configs"].items():
+        for config, timing in rows.items():
+            cells = [timing.get(s, timing.get("error", "-")) for s in SHAPES]
+            lines.append(
+                f"| {name} | {config} | " + " | ".join(f"{c:.2f}" if isinstance(c, float) else c for c in cells) + " |"
+            )
+    lines += ["", f"Chosen: `ZOO_FUSED_CONFIG={results['env']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: toy sizes, interpreted")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    results = sweep(args.device, args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernel_configs.json").write_text(json.dumps(results, indent=1))
+    (args.out / "kernel_configs.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"ZOO_FUSED_CONFIG={results['env']}")
+
+
+if __name__ == "__main__":
+    main()
