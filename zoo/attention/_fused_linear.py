@@ -166,7 +166,7 @@ if triton is not None:
                 grad_pre = weighted - phi * tl.where(first, dot_a[:, None], dot_b[:, None])
             grad_x = tl.dot(grad_pre, tl.trans(proj), input_precision=PREC)
             if KIND == 1:
-                grad_x -= (tl.sum(grad_pre, 1) * (2.0 * hsq_scale))[:, None] * x
+                grad_x = grad_x - (tl.sum(grad_pre, 1) * (2.0 * hsq_scale))[:, None] * x
         return grad_x, grad_pre
 
     @triton.jit
@@ -192,7 +192,7 @@ if triton is not None:
             sign = tl.where(first, scale, -scale)
         else:
             cols = cols_r
-            sign = tl.zeros([cols_r.shape[0]], tl.float32) + scale
+            sign = (cols_r * 0).to(tl.float32) + scale
         ok = (cols_d < d)[:, None] & (cols_r < r)[None, :] & (KIND != 0)
         offsets = h * stride_h + cols_d[:, None] * stride_d + cols[None, :] * stride_r
         return tl.load(ptr + offsets, mask=ok, other=0.0).to(tl.float32) * sign[None, :]
@@ -201,7 +201,7 @@ if triton is not None:
     def _kept_rows(keep_ptr, b, rows, n, HAS_MASK: tl.constexpr):
         ok = rows < n
         if HAS_MASK:
-            ok &= tl.load(keep_ptr + b.to(tl.int64) * n + rows, mask=ok, other=0) != 0
+            ok = ok & (tl.load(keep_ptr + b.to(tl.int64) * n + rows, mask=ok, other=0) != 0)
         return ok
 
     @triton.jit
