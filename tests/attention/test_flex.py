@@ -112,16 +112,17 @@ def test_window2d_mask_is_the_allowed_attention(grid, window, shift, prefix=2):
 
 @pytest.mark.parametrize("grid", [(6, 6), (5, 7), (7, 3), (1, 9), (9, 13)])
 @pytest.mark.parametrize("kernel,dilation", [(1, 1), (3, 1), (5, 1), (3, 2), (5, 2), (3, 3), (9, 1)])
-def test_neighborhood_mask_is_the_allowed_attention(grid, kernel, dilation, prefix=2):
-    pattern = neighborhood_mask(grid, prefix, kernel, dilation, CPU)
+@pytest.mark.parametrize("tile_rows", [None, "auto", 2, 3])
+def test_neighborhood_mask_is_the_allowed_attention(grid, kernel, dilation, tile_rows, prefix=2):
+    pattern = neighborhood_mask(grid, prefix, kernel, dilation, CPU, tile_rows)
     n = prefix + grid[0] * grid[1]
     torch.testing.assert_close(dense(pattern, n)[0], neighborhood_keep(grid, prefix, kernel, dilation))
 
 
 def test_window2d_mask_puts_each_window_in_consecutive_positions():
     pattern = window2d_mask((28, 28), 1, 14, 0, CPU)
-    ordered = create_mask(pattern.mask_mod, 1, 1, 785, 785, CPU)[0, 0, 1:, 1:]
-    # Window order: four windows of 196 tokens, each a dense diagonal block.
+    ordered = create_mask(pattern.mask_mod, 1, 1, 785, 785, CPU)[0, 0, :-1, :-1]
+    # Window order, the prefix token last: four windows of 196 tokens, each a dense diagonal block.
     expected = torch.block_diag(*[torch.ones(196, 196, dtype=torch.bool)] * 4)
     torch.testing.assert_close(ordered, expected)
 
@@ -138,7 +139,8 @@ def test_block_masks_match_create_block_mask(monkeypatch, chunk):
         (local_mask(100), 300, 1),
         (sparse_mask(450, "strided", 64, 8, True), 450, 1),
         (bigbird_mask(400, 16, module.random_blocks(400), CPU), 400, HEADS),
-        (neighborhood_mask((17, 19), 1, 7, 1, CPU), 324, 1),
+        (neighborhood_mask((17, 19), 1, 7, 1, CPU, None), 324, 1),
+        (neighborhood_mask((17, 19), 1, 7, 1, CPU, 4), 324, 1),
     ]:
         ours = block_mask(pattern, n, HEADS, CPU)
         theirs = create_block_mask(pattern.mask_mod, 1, heads, n, n, CPU)

@@ -159,6 +159,10 @@ def test_padded_keys_get_no_weight_and_a_fully_padded_neighbourhood_gives_zeros(
         ({"dilation": 0}, "dilation=0"),
         ({"grid_size": [4, "4"]}, "grid_size\\[1\\]='4'"),
         ({"backend": "triton"}, "backend='triton'"),
+        ({"tile_rows": 0}, "tile_rows=0 is not allowed: expected 'auto'.*None.*integer >= 1"),
+        ({"tile_rows": "raster"}, "tile_rows='raster'"),
+        ({"tile_rows": True}, "tile_rows=True"),
+        ({"tile_rows": 8.0}, "tile_rows=8.0"),
     ],
 )
 def test_options_are_checked_at_construction(options, match):

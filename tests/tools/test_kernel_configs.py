@@ -2,9 +2,8 @@
 
 import json
 
-from zoo_bench import kernel_configs
-
 from zoo.attention._fused_linear import Feature, _config_override
+from zoo_bench import kernel_configs
 
 
 def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch):

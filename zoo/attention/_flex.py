@@ -164,10 +164,7 @@ def flex_attend(
     if pattern.length is not None and n != pattern.length:
         raise ValueError(f"this attention pattern was built for {pattern.length} tokens, got {n}")
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise ValueError(
-            "backend='flex' runs forward only on CPU (FlexAttention has no CPU backward in torch 2.14): use "
-            "backend='auto' or 'torch' to train on CPU"
-        )
+        _refuse_cpu_backward()
     if pattern.order is not None:
         q, k, v = (x[:, :, pattern.order] for x in (q, k, v))
         key_padding = None if key_padding is None else key_padding[:, pattern.order]
@@ -176,3 +173,11 @@ def flex_attend(
     if pattern.order is not None:
         out = out[:, :, torch.argsort(pattern.order)]
     return out
+
+
+def _refuse_cpu_backward() -> None:
+    # A test that swaps a differentiable stand-in for `_compiled_flex` swaps this out too.
+    raise ValueError(
+        "backend='flex' runs forward only on CPU (FlexAttention has no CPU backward in torch 2.14): use "
+        "backend='auto' or 'torch' to train on CPU"
+    )

@@ -16,6 +16,16 @@ own kernel x kernel keys: one SDPA call over all tiles, O(n (tile + kernel)^2) w
 window along an axis is `clamped_window` (per cell: `axis_neighborhood`), from which come the dense pattern
 (`neighborhood_keep`), the FlexAttention pattern (`neighborhood_mask`) and the tiles' masks.
 
+FlexAttention skips whole blocks of 128 queries x 128 keys, so the token order decides the cost. In raster order
+a block of queries is a strip of one row (128 of 256 columns) whose neighbourhoods reach key blocks on `kernel`
+rows, about 2 x kernel of them. The FlexAttention pattern therefore orders the grid in bands of `tile_rows` rows,
+each band column by column (`tile_order`): 128 consecutive cells of a band are a tile_rows x 128 / tile_rows
+patch wherever they start, and their neighbourhoods reach few key blocks (at 256 x 256 with kernel 23, 8 x 16
+tiles reach about 14 where raster rows reach 46). `tile_rows='auto'` picks the height whose blocks reach the
+fewest key blocks, counted exactly (`auto_tile_rows`; 1, raster order, where no band beats it, as on narrow grids
+whose raster blocks already span a few whole rows); the prefix tokens go after the grid, so that the first band
+starts a block. The mask_mod reads each position's row and column from tables written in that order.
+
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens, y / x - grid rows /
 columns, gy / gx - tiles along them, ty / tx - rows / columns of a tile, ry / rx - of its key region.
 """
@@ -31,20 +41,24 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from .._validate import check_int
-from ._flex import FlexMask
+from ._flex import BLOCK, FlexMask
 from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, prefix_table, with_prefix
 from ._registry import register_attention
 
 __all__ = [
     "NeighborhoodAttention",
+    "auto_tile_rows",
     "axis_neighborhood",
     "axis_neighbors",
     "clamped_window",
     "neighborhood_attention",
     "neighborhood_keep",
     "neighborhood_mask",
+    "tile_order",
 ]
 
+# Floats of the count images `_reached_blocks` holds at once (64 MiB).
+COUNT_ELEMENTS = 1 << 24
 # Queries per tile side. CPU, one thread, fwd + bwd, 64 x 64 grid, 4 heads of 32, tiles 4 / 8 / 12 / 16: kernel 7
 # 92 / 47 / 72 / 69 ms, kernel 13 243 / 97 / 134 / 116, kernel 23 625 / 242 / 266 / 226. Smaller tiles gather fewer
 # unused keys but make SDPA calls too small; 8 is fastest or within 7% at every kernel.
@@ -85,16 +99,98 @@ def neighborhood_keep(
     return with_prefix(patches, num_prefix_tokens)
 
 
+def tile_order(grid_size: tuple[int, int], tile_rows: int, device=None) -> Tensor:
+    """`[rows * cols]` long: the raster indices of the cells in bands of `tile_rows` rows, each band column by
+    column, top to bottom in a column (1 is raster order). Any `BLOCK` consecutive cells of a band form a
+    tile_rows x BLOCK / tile_rows patch; the last band holds the rows left over."""
+    row, col = grid_coordinates(grid_size, device)
+    return torch.argsort(row // tile_rows * (grid_size[1] * tile_rows) + col * tile_rows + row % tile_rows)
+
+
+def _reached_blocks(
+    grid_size: tuple[int, int], kernel: int, dilation: int, tile_rows: int, device: torch.device | None
+) -> int:
+    """The (query block, key block) pairs of `BLOCK` cells of the grid in `tile_order` (prefix tokens left out) in
+    which some query sees some key, counted exactly without an `[n, n]` mask: per query block, the cells its
+    queries see are where the product of their rows' and their columns' neighbourhoods, `[y, q] @ [q, x]`, counts
+    at least one."""
+    rows, cols = grid_size
+    cells = rows * cols
+    blocks = -(-cells // BLOCK)
+    order = tile_order(grid_size, tile_rows, device)
+    # Per query position, padded to whole blocks with cells that see nothing: its row's and its column's neighbours.
+    along_rows = axis_neighbors(rows, kernel, dilation, device).float()[order // cols]
+    along_cols = axis_neighbors(cols, kernel, dilation, device).float()[order % cols]
+    along_rows = rearrange(F.pad(along_rows, (0, 0, 0, blocks * BLOCK - cells)), "(k q) y -> k y q", q=BLOCK)
+    along_cols = rearrange(F.pad(along_cols, (0, 0, 0, blocks * BLOCK - cells)), "(k q) x -> k q x", q=BLOCK)
+    step = max(1, COUNT_ELEMENTS // cells)
+    reached = 0
+    for first in range(0, blocks, step):
+        seen = torch.bmm(along_rows[first : first + step], along_cols[first : first + step]).flatten(1) > 0
+        seen = F.pad(seen[:, order], (0, blocks * BLOCK - cells))  # [k, n] in tile order
+        reached += int(seen.unflatten(1, (blocks, BLOCK)).any(-1).sum())
+    return reached
+
+
 @functools.lru_cache(maxsize=64)
+def auto_tile_rows(grid_size: tuple[int, int], kernel: int, dilation: int, device: torch.device | None = None) -> int:
+    """The band height `tile_rows='auto'` orders the grid in: of 1 (raster order), 2, 4, ..., `BLOCK` (up to the
+    rows), the one whose query blocks reach the fewest key blocks (`_reached_blocks`, counted on `device`: (rows *
+    cols)^2 multiply-adds per height, 10 - 20 s in all for a 256 x 256 grid on one CPU core), the lowest on a tie."""
+    heights = [1 << i for i in range(BLOCK.bit_length()) if 1 << i <= grid_size[0]]
+    reached = [_reached_blocks(grid_size, kernel, dilation, height, device) for height in heights]
+    return heights[reached.index(min(reached))]
+
+
+def check_tile_rows(tile_rows: object) -> int | Literal["auto"] | None:
+    """A user-typed `tile_rows`: 'auto', None or an integer >= 1."""
+    if tile_rows is None or (isinstance(tile_rows, str) and tile_rows == "auto"):
+        return tile_rows
+    if isinstance(tile_rows, int) and not isinstance(tile_rows, bool) and tile_rows >= 1:
+        return tile_rows
+    raise ValueError(
+        f"tile_rows={tile_rows!r} is not allowed: expected 'auto' (the band height with the fewest key blocks), None "
+        f"(raster order) or an integer >= 1 (the rows of the patch a FlexAttention block of {BLOCK} queries covers)"
+    )
+
+
 def neighborhood_mask(
-    grid_size: tuple[int, int], num_prefix_tokens: int, kernel: int, dilation: int, device: torch.device
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int,
+    kernel: int,
+    dilation: int,
+    device: torch.device,
+    tile_rows: int | Literal["auto"] | None = "auto",
 ) -> FlexMask:
-    """The FlexAttention pattern: per token, the `axis_neighborhood` tables of its row and column."""
+    """The FlexAttention pattern: per token, the `axis_neighborhood` tables of its row and column, written in
+    `tile_order` (the grid in bands of `tile_rows` rows, `auto_tile_rows` for 'auto', then the prefix tokens), or
+    in the sequence order (prefix tokens, then the grid in raster order) for `tile_rows=None`."""
+    if tile_rows == "auto":
+        tile_rows = auto_tile_rows(tuple(grid_size), kernel, dilation, device)
+    return _neighborhood_mask(tuple(grid_size), num_prefix_tokens, kernel, dilation, device, tile_rows)
+
+
+@functools.lru_cache(maxsize=64)
+def _neighborhood_mask(
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int,
+    kernel: int,
+    dilation: int,
+    device: torch.device,
+    tile_rows: int | None,
+) -> FlexMask:
     p = num_prefix_tokens
+    order = None
+    # Bands of one row without prefix tokens are the sequence order.
+    if tile_rows is not None and (tile_rows > 1 or p):
+        prefix = torch.arange(p, device=device)
+        order = torch.cat([p + tile_order(grid_size, tile_rows, device), prefix])
     tables = []
     for coord, length in zip(grid_coordinates(grid_size, device), grid_size, strict=True):
-        # Per token: its dilation group, its step in the group and the first and one-past-last step it sees.
-        tables.append([prefix_table(x[coord], p) for x in axis_neighborhood(length, kernel, dilation, device)])
+        # Per token: its dilation group (-1 for a prefix token), its step in the group and the first and
+        # one-past-last step it sees; per position of `order` where there is one.
+        axis = [prefix_table(x[coord], p) for x in axis_neighborhood(length, kernel, dilation, device)]
+        tables.append(axis if order is None else [x[order] for x in axis])
     (row_group, row, row_low, row_high), (col_group, col, col_low, col_high) = tables
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -104,9 +200,9 @@ def neighborhood_mask(
         cols = (
             (col_group[kv_idx] == col_group[q_idx]) & (col[kv_idx] >= col_low[q_idx]) & (col[kv_idx] < col_high[q_idx])
         )
-        return (rows & cols) | (q_idx < p) | (kv_idx < p)
+        return (rows & cols) | (row_group[q_idx] < 0) | (row_group[kv_idx] < 0)
 
-    return FlexMask(mask_mod, p + grid_size[0] * grid_size[1])
+    return FlexMask(mask_mod, p + grid_size[0] * grid_size[1], order=order)
 
 
 def _axis_tiles(length: int, kernel: int, tile: int, device) -> tuple[Tensor, Tensor]:
@@ -218,7 +314,8 @@ def neighborhood_attention(
 @register_attention("neighborhood")
 class NeighborhoodAttention(GridAttention):
     """Each patch attends to the `kernel` x `kernel` (odd, default 7) patches around it, clamped inside the grid,
-    every `dilation`-th cell (default 1); prefix tokens global."""
+    every `dilation`-th cell (default 1); prefix tokens global. On FlexAttention the grid is ordered in bands of
+    `tile_rows` rows ('auto', default: the height that reaches the fewest key blocks; None: raster order)."""
 
     test_options: ClassVar[dict] = {"grid_size": (6, 6), "num_prefix_tokens": 1, "kernel": 3}
 
@@ -232,6 +329,7 @@ class NeighborhoodAttention(GridAttention):
         grid_size: tuple[int, int] | None = None,
         num_prefix_tokens: int = 0,
         backend: Literal["auto", "torch", "flex"] = "auto",
+        tile_rows: int | Literal["auto"] | None = "auto",
         reference: bool = False,
         **timm_args: Any,
     ) -> None:
@@ -241,12 +339,13 @@ class NeighborhoodAttention(GridAttention):
         if kernel % 2 == 0:
             raise ValueError(f"kernel={kernel} is not allowed: expected an odd integer (the query at the centre)")
         self.dilation = check_int("dilation", dilation, 1)
+        self.tile_rows = check_tile_rows(tile_rows)
 
     def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
         return neighborhood_keep(grid, self.num_prefix_tokens, self.kernel, self.dilation, device)
 
     def flex_pattern(self, grid: tuple[int, int], device: torch.device):
-        return neighborhood_mask(grid, self.num_prefix_tokens, self.kernel, self.dilation, device)
+        return neighborhood_mask(grid, self.num_prefix_tokens, self.kernel, self.dilation, device, self.tile_rows)
 
     def torch_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
         return neighborhood_attention(
@@ -263,4 +362,4 @@ class NeighborhoodAttention(GridAttention):
         )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, kernel={self.kernel}, dilation={self.dilation}"
+        return f"{super().extra_repr()}, kernel={self.kernel}, dilation={self.dilation}, tile_rows={self.tile_rows!r}"

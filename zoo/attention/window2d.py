@@ -32,7 +32,7 @@ from torch import Tensor
 
 from .._validate import check_int
 from ._flex import FlexMask
-from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, prefix_table, with_prefix
+from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, with_prefix
 from ._registry import register_attention
 
 __all__ = ["Window2dAttention", "axis_windows", "window2d_attention", "window2d_keep", "window2d_mask", "window_ids"]
@@ -67,15 +67,17 @@ def window2d_keep(
 def window2d_mask(
     grid_size: tuple[int, int], num_prefix_tokens: int, window: int, shift: int, device: torch.device
 ) -> FlexMask:
-    """The FlexAttention pattern, written in window order (prefix tokens, then window after window, `window_ids`),
-    where each window's tokens are contiguous and its blocks dense."""
+    """The FlexAttention pattern, written in window order (window after window, `window_ids`, then the prefix
+    tokens), where each window's tokens are contiguous and its blocks dense. The prefix tokens go last so that the
+    first window starts a block: windows of a multiple of 128 cells (16 x 16) then fill whole blocks."""
     p = num_prefix_tokens
     ids = window_ids(grid_size, window, shift, device)
-    order = torch.cat([torch.arange(p, device=device), p + torch.argsort(ids, stable=True)])
-    ordered_id = prefix_table(ids.sort(stable=True).values, p)
+    order = torch.cat([p + torch.argsort(ids, stable=True), torch.arange(p, device=device)])
+    # Per position of `order`: its window, -1 for a prefix token.
+    ordered_id = torch.cat([ids.sort(stable=True).values, ids.new_full((p,), -1)])
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (ordered_id[q_idx] == ordered_id[kv_idx]) | (q_idx < p) | (kv_idx < p)
+        return (ordered_id[q_idx] == ordered_id[kv_idx]) | (ordered_id[q_idx] < 0) | (ordered_id[kv_idx] < 0)
 
     return FlexMask(mask_mod, p + grid_size[0] * grid_size[1], order=order)
 
