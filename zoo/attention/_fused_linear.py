@@ -362,6 +362,10 @@ if triton is not None:
             tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
 
 
+# Triton chose, when the kernels were defined, between compiling them and interpreting them
+_INTERPRETED = triton is not None and not isinstance(_state_kernel, triton.runtime.JITFunction)
+
+
 def _programs(device: torch.device) -> int:
     """Programs to keep the device busy: four per multiprocessor on a GPU; a few in the interpreter."""
     if device.type != "cuda":
@@ -642,6 +646,11 @@ def fused_kernel_attention(
     `softmax_kernel_features`), RELU's floor.
     -> `[b, h, n, d]` in v's dtype, laid out as `[b, n, h, d]`. Features and sums in fp32.
     """
+    if not q.is_cuda and not _INTERPRETED:
+        raise RuntimeError(
+            "the fused kernels run on CPU tensors only in Triton's interpreter: set TRITON_INTERPRET=1 before zoo "
+            "is imported"
+        )
     keep = None if mask is None else mask.to(torch.bool)
     out, *_ = _fused_op(q, k, v, keep, proj_q, proj_k, int(feature), float(eps))
     return out

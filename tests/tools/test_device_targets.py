@@ -1,0 +1,116 @@
+"""The device targets beside the check, on the CPU at toy sizes: `make device-train` trains each attention for the
+same wall time and reports its validation top-1 beside its speed and steps; tools/device_lease.sh, the one command
+a GPU lease runs, installs carried wheels, runs the check and the tests under their time limits, and leaves at most
+8 files no more than two folders down, on a machine without nvidia-smi too."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from zoo_bench.device_train import RUNS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_device_train_trains_each_attention_for_the_same_wall_time(tmp_path):
+    seconds = 1.5
+    command = [
+        "make", "-s", "device-train", "DEVICE=cpu", f"DEVICE_OUT={tmp_path}", f"DEVICE_TRAIN_SECONDS={seconds}",
+        "DEVICE_VAL_SAMPLES=8",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "device_train.json").read_text())
+    assert [record["run"] for record in results["runs"]] == list(RUNS)
+    for record in results["runs"]:
+        assert record["status"] == "ok", record
+        # the run ends at the first optimizer step past its time, then is evaluated on the validation canvases
+        assert record["train_s"] >= seconds and record["first_step_s"] <= record["train_s"]
+        assert record["steps"] >= 1 and record["samples"] == 2 * record["steps"]
+        assert record["samples_per_s"] == pytest.approx(record["samples"] / record["train_s"], rel=1e-2)
+        assert 0.0 <= record["val_top1"] <= 1.0 and record["val_samples"] == 8
+    report = (tmp_path / "device_train.md").read_text()
+    assert "| val top-1 |" in report and all(f"| {run} | " in report for run in RUNS)
+
+
+def _wheel(folder: Path) -> Path:
+    """A wheel of one module, `leaseprobe`, as a carried package would be."""
+    folder.mkdir()
+    path = folder / "leaseprobe-0.1-py3-none-any.whl"
+    info = "leaseprobe-0.1.dist-info"
+    files = {
+        "leaseprobe.py": "VALUE = 1\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: leaseprobe\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            archive.writestr(name, text)
+    return path
+
+
+def _lease(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "out"
+    variables = {
+        "OUT": str(out),
+        "DEVICE": "cpu",
+        "PYTHON": sys.executable,
+        "WHEELS": str(tmp_path / "wheels"),
+        "SITE": str(tmp_path / "site"),
+        **env,
+    }
+    proc = subprocess.run(
+        ["tools/device_lease.sh"],
+        cwd=REPO,
+        env={**os.environ, **variables},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    return proc, out
+
+
+@pytest.mark.slow
+def test_the_lease_runs_the_check_and_the_tests_and_returns_at_most_8_files(tmp_path):
+    wheel = _wheel(tmp_path / "wheels")
+    proc, out = _lease(
+        tmp_path,
+        DEVICE_PARTS="correctness",
+        DEVICE_TEST_ARGS="",
+        DEVICE_TESTS="tests/tools/test_device_check.py::test_bench_summary_gives_the_crossover_and_the_speedup_at_the_longest_shared_length",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    files = [path.relative_to(out) for path in out.rglob("*") if path.is_file()]
+    assert sorted(map(str, files)) == [
+        "check.tar.gz", "device_check.json", "device_check.md", "lease.log", "test.log"
+    ]  # fmt: skip
+    with tarfile.open(out / "check.tar.gz") as archive:
+        assert "check/device_check.json" in archive.getnames()
+    assert json.loads((out / "device_check.json").read_text())["parts"]["correctness"]["status"] == "done"
+    log = (out / "lease.log").read_text()
+    assert log == proc.stdout
+    assert wheel.name in log and (tmp_path / "site" / "leaseprobe.py").is_file()
+    if shutil.which("nvidia-smi") is None:
+        assert "no nvidia-smi on this machine" in log
+    assert "== device-check: exit status 0" in log and "== device-test: exit status 0" in log
+    assert "== device-train: skipped (timeout 0)" in log and log.rstrip().endswith("== lease exit status 0")
+    assert "1 passed" in (out / "test.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_step_past_its_time_limit_is_stopped_and_the_lease_says_so(tmp_path):
+    proc, out = _lease(tmp_path, CHECK_TIMEOUT="1", TEST_TIMEOUT="0")
+    assert proc.returncode == 1
+    log = (out / "lease.log").read_text()
+    assert "== device-check: stopped at its limit after" in log and "== device-test: skipped (timeout 0)" in log
+    assert log.rstrip().endswith("== lease exit status 1")
+    assert not (out / "check").exists()
