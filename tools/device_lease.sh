@@ -7,13 +7,19 @@
 # 1. Wheels carried in $WHEELS (default .whl) are installed into $SITE (default /tmp/site), which goes first on
 #    PYTHONPATH: a package the machine lacks, or another version of one.
 # 2. The machine: nvidia-smi -L (where there is one), Python, torch, CUDA and triton versions.
-# 3. `make device-check` into $OUT/check, stopped after $CHECK_TIMEOUT s (its report is rewritten after every item,
+# 3. The fused kernels' block sizes (`zoo_bench.kernel_configs`, at most $KERNEL_TIMEOUT s) into $OUT; the fastest
+#    are exported as ZOO_FUSED_CONFIG for what follows, and where a feature map has no configuration that ran, the
+#    fused kernels are turned off (ZOO_FUSED=0) so that the check still measures the torch paths.
+# 3b. `make device-check` into $OUT/check, stopped after $CHECK_TIMEOUT s (its report is rewritten after every item,
 #    so a run cut short keeps what finished). The folder is then packed into $OUT/check.tar.gz, its device_check.md
 #    and device_check.json left beside it.
 # 4. `make device-test`, stopped after $TEST_TIMEOUT s; its output in $OUT/test.log too. Unless DEVICE_TEST_ARGS is
 #    set (empty: every test, one process), the tests marked slow are left out (multi-process CPU runs by design,
 #    Inductor's C++ builds) and the rest run in 8 processes where pytest-xdist is installed.
 # 5. With $TRAIN_TIMEOUT > 0, `make device-train` into $OUT (device_train.json, device_train.md).
+# 6. fla-core's causal path against the torch path (tests/attention/test_fla.py, at most $FLA_TIMEOUT s: fla
+#    autotunes each kernel on its first call, minutes in all, so it runs last and alone; the check and the other
+#    tests run with ZOO_FLA=0).
 # A step whose timeout is 0 is skipped. $DEVICE (cuda; cpu for toy sizes) and the make variables (DEVICE_SCALE,
 # DEVICE_PARTS, DEVICE_TESTS, DEVICE_TEST_ARGS, DEVICE_TRAIN_SECONDS, ...) pass through the environment. Everything
 # printed goes to $OUT/lease.log too: at most 7 files in all. The exit status is 0 when every step exited 0.
@@ -21,7 +27,9 @@ set -u -o pipefail
 
 OUT=${OUT:-$PWD/device-check/lease}
 DEVICE=${DEVICE:-cuda}
+KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-100}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-420}
+FLA_TIMEOUT=${FLA_TIMEOUT:-0}
 TEST_TIMEOUT=${TEST_TIMEOUT:-150}
 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-0}
 WHEELS=${WHEELS:-.whl}
@@ -107,7 +115,7 @@ lease() {
     fi
     versions || status=1
     if [ -z "${DEVICE_TEST_ARGS+set}" ]; then
-        DEVICE_TEST_ARGS='-m "not slow"'
+        DEVICE_TEST_ARGS='-m "not slow" --maxfail=30 --ignore=tests/attention/test_fla.py'
         if "$PYTHON" -c "import xdist" 2> /dev/null; then
             DEVICE_TEST_ARGS="-n 8 $DEVICE_TEST_ARGS"
         fi
@@ -115,12 +123,30 @@ lease() {
     export DEVICE_TEST_ARGS
     echo "DEVICE_TEST_ARGS=$DEVICE_TEST_ARGS"
 
+    if [ "$DEVICE" = cuda ] && [ "$KERNEL_TIMEOUT" != 0 ]; then
+        step kernel-configs "$KERNEL_TIMEOUT" "$OUT/kernel_configs.log" \
+            env PYTHONPATH=".:tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m zoo_bench.kernel_configs --out "$OUT" \
+            --repeats 5 || status=1
+        local chosen
+        chosen=$(grep -h '^ZOO_FUSED_CONFIG=' "$OUT/kernel_configs.log" | tail -n 1 | cut -d= -f2-)
+        rm -f "$OUT/kernel_configs.log"
+        if [ -n "$chosen" ] && [ "$(echo "$chosen" | tr ',' '\n' | grep -c =)" = 3 ]; then
+            export ZOO_FUSED_CONFIG=$chosen
+        else
+            export ZOO_FUSED=0
+        fi
+        echo "ZOO_FUSED_CONFIG=${ZOO_FUSED_CONFIG:-} ZOO_FUSED=${ZOO_FUSED:-1}"
+    fi
+    export ZOO_FLA=0
     step device-check "$CHECK_TIMEOUT" - make -s device-check DEVICE="$DEVICE" DEVICE_OUT="$OUT/check" || status=1
     if [ -d "$OUT/check" ]; then
         pack_check || status=1
     fi
     step device-test "$TEST_TIMEOUT" "$OUT/test.log" make -s device-test || status=1
     step device-train "$TRAIN_TIMEOUT" - make -s device-train DEVICE="$DEVICE" DEVICE_OUT="$OUT" || status=1
+    unset ZOO_FLA
+    step fla "$FLA_TIMEOUT" "$OUT/fla.log" "$PYTHON" -m pytest tests/attention/test_fla.py -p no:xdist -p no:cacheprovider \
+        -q -rfs || status=1
 
     echo "== returned (under $OUT):"
     (cd "$OUT" && find . -type f -exec ls -l {} +)

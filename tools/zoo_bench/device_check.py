@@ -89,6 +89,18 @@ TOY_LONG_RUNS = (
 )
 
 
+# The CPU's toy ViT: 14 x 14 patches, 64 wide (2 heads), 2 deep, 2 canvases a step
+TOY_OVERRIDES = (
+    "model.img_size=224",
+    "data.options.canvas_size=224",
+    "data.options.digit_size=32",
+    "model.depth=2",
+    "model.embed_dim=64",
+    "model.num_heads=2",
+    "data.batch_size=2",
+)
+
+
 def profile_for(device: str) -> Profile:
     """The full check on CUDA (about 7 minutes on an H100); toy sizes on the CPU (about a minute, mostly flex's
     compile)."""
@@ -105,15 +117,7 @@ def profile_for(device: str) -> Profile:
         )
     # 14 x 14 patches: window2d's 14 x 14 window and neighborhood's 13 x 13 kernel fit the grid as the recipes set
     # them; ViT-S's width cut to 64 (2 heads) and its depth to 2, so that all the recipes train in seconds
-    small = (
-        "model.img_size=224",
-        "data.options.canvas_size=224",
-        "data.options.digit_size=32",
-        "model.depth=2",
-        "model.embed_dim=64",
-        "model.num_heads=2",
-        "data.batch_size=2",
-    )
+    small = TOY_OVERRIDES
     return Profile(
         device="cpu",
         budgets={"correctness": 0.5, "train": 60.0, "bench": 8.0, "compile": 30.0, "long": 30.0, "flex": 1.0},

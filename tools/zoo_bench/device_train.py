@@ -30,6 +30,7 @@ import torch
 from zoo.config import load_recipe
 from zoo.train.loop import Trainer
 
+from .device_check import TOY_OVERRIDES
 from .device_parts import tidy
 from .device_report import train_markdown
 from .device_runs import fresh_accelerate, layout_fits
@@ -40,17 +41,7 @@ __all__ = ["RUNS", "WallClockTrainer", "run_device_train"]
 
 RUNS = ("vit_softmax_1024", "vit_performer_1024", "vit_linear_1024", "vit_window2d_global_1024")
 # CPU toy sizes: 14 x 14 patches of a ViT 64 wide and 2 deep, 2 canvases a step, 8 validation canvases
-TOY = (
-    "model.img_size=224",
-    "data.options.canvas_size=224",
-    "data.options.digit_size=32",
-    "model.depth=2",
-    "model.embed_dim=64",
-    "model.num_heads=2",
-    "data.batch_size=2",
-    "data.eval_batch_size=8",
-    "data.num_workers=0",
-)
+TOY = (*TOY_OVERRIDES, "data.eval_batch_size=8", "data.num_workers=0")
 
 
 class WallClockTrainer(Trainer):
