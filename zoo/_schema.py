@@ -214,7 +214,9 @@ def _range_text(meta: Mapping) -> str:
 def _check_choice(value: Any, choices: tuple, key: str, nullable: bool) -> Any:
     if any(type(value) is type(choice) and value == choice for choice in choices):
         return value
-    raise _expected(f"one of {', '.join(repr(choice) for choice in choices)}", value, key, nullable)
+    # a boolean choice as YAML writes it
+    named = (str(choice).lower() if isinstance(choice, bool) else repr(choice) for choice in choices)
+    raise _expected(f"one of {', '.join(named)}", value, key, nullable)
 
 
 def _check_list(value: Any, item_tp: Any, meta: Mapping, key: str, nullable: bool) -> list:

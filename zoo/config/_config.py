@@ -38,6 +38,10 @@ __all__ = [
 # accelerate's trackers by name (`all` left out: a recipe names the one it logs to)
 TRACKERS = tuple(str(tracker) for tracker in LoggerType if tracker != LoggerType.ALL)
 
+# torch.compile's modes, which train.compile names (true: the first), or false for none
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_CHOICES = (False, True, *COMPILE_MODES)
+
 
 def _kind_options(kind: str) -> type:
     from ..kinds import get_model_kind
@@ -224,6 +228,17 @@ class TrainConfig:
     # (offline, into <run>/logs/<recipe name>), wandb, mlflow, comet_ml, aim, clearml, dvclive, swanlab, trackio;
     # its package must be installed. null: none.
     log_with: str | None = field(default=None, metadata={"choices": lambda: TRACKERS})
+    # torch.compile of the model through accelerate's dynamo plugin (inductor): false runs it eagerly; true or one of
+    # torch.compile's modes (true: 'default'). The first step's time, which includes compiling, and the steady step
+    # time go into train.log and train_summary.json (first_step_s, step_s, compile_s); samples/s leaves it out.
+    compile: Literal[COMPILE_CHOICES] = False
+
+    @property
+    def compile_mode(self) -> str | None:
+        """The torch.compile mode that `compile` asks for; None: eager."""
+        if self.compile is False:
+            return None
+        return COMPILE_MODES[0] if self.compile is True else self.compile
 
 
 @dataclass

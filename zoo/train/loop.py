@@ -9,13 +9,16 @@ A run directory holds `recipe.yaml` (the resolved recipe), `metrics.jsonl` (one 
 `epoch` numbered as the progress bar numbers it: an evaluation after part of an epoch counts that epoch),
 `checkpoints/last` and `checkpoints/best` (accelerate state: model, optimizer, RNG, train state; best by the
 task's validation score, or the last evaluation's under `train.validate: false`, which reads no validation split),
-`train_summary.json`, and with `train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with`
-tracker gets the evaluations and, every `train.log_every_steps`, the loss, learning rate and samples/s). A
-checkpoint is written to a temporary directory and renamed into place, so a crash never leaves a partial
-checkpoint where a good one was.
+`train_summary.json` (with the step times: `first_step_s`, the run's first step, which compiles under
+`train.compile`; `step_s`, the mean of the others; `compile_s`, their difference under `train.compile`), and with
+`train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with` tracker gets the evaluations and,
+every `train.log_every_steps`, the loss, learning rate and samples/s; samples/s counts the steps after the run's
+first, which compiles and warms up). A checkpoint is written to a temporary directory and renamed into place, so a
+crash never leaves a partial checkpoint where a good one was.
 
 The evaluation loop is `zoo.train.eval_loop` (`evaluate_loader`, re-exported here), what a run reports (tracker,
-progress bar, `metrics.jsonl`) `zoo.train._tracking`.
+progress bar, `metrics.jsonl`) `zoo.train._tracking`, `train.compile` (torch.compile through accelerate, checkpoints
+under the plain model's keys) `zoo.train._compile`.
 """
 
 from __future__ import annotations
@@ -56,8 +59,9 @@ from ..hub.checkpoints import (
 )
 from ..hub.runs import copy_run_files, describe_model, write_description
 from ..kinds import build_model, get_model_kind, sizes_of
+from ._compile import StepTimes, dynamo_plugin, plain_state_dict_keys
 from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
-from .distributed import build_accelerator, local_shard, replica_mismatches, save_checkpoint, sync_buffers
+from .distributed import build_accelerator, is_sharded, local_shard, replica_mismatches, save_checkpoint, sync_buffers
 from .eval_loop import evaluate_loader
 from .self_pretrain import pretrain
 
@@ -191,6 +195,8 @@ class Trainer:
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
             log_with=tracker_name(cfg.log_with),
             project_dir=str(self.run_dir / "logs") if cfg.log_with else None,
+            # train.compile: accelerate's prepare compiles the model (last, around any DDP wrapper)
+            dynamo_plugin=dynamo_plugin(cfg.compile_mode),
         )
         set_seed(recipe.seed)
         self.kind = get_model_kind(recipe.model.kind)
@@ -219,6 +225,12 @@ class Trainer:
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
             model, optimizer, build_loader(recipe, train_set, True)
         )
+        # the model without the wrappers prepare put around it (DDP, torch.compile's OptimizedModule, whose attribute
+        # lookups fall through to the model): its state's keys are the checkpoint's, its modules the attention's
+        self.plain_model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        # a compiled model's checkpoints under the plain model's keys, without `_orig_mod.`
+        if not is_sharded(self.accelerator):
+            plain_state_dict_keys(self.model)
         self.val_loader = None if val_set is None else self.accelerator.prepare(build_loader(recipe, val_set, False))
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
@@ -231,6 +243,7 @@ class Trainer:
         self._nonfinite_losses: Tensor | None = None
         # set once the replicas were compared after this process's first optimizer step
         self._replicas_compared = False
+        self.step_times = StepTimes()
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
@@ -287,7 +300,7 @@ class Trainer:
     def _restore(self) -> None:
         """Load `checkpoints/<resume>` once its manifest, the recipe and the weights' shapes agree."""
         checkpoint, _ = usable_checkpoint(self.run_dir, self.resume, self.recipe, "this recipe")
-        check_checkpoint_weights(self.accelerator.unwrap_model(self.model), checkpoint)
+        check_checkpoint_weights(self.plain_model, checkpoint)
         try:
             self.accelerator.load_state(str(checkpoint))
         except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
@@ -330,7 +343,9 @@ class Trainer:
             enabled=self.is_main,
             desc=f"epoch {self.state.epoch + 1}/{cfg.epochs}",
         )
-        loss_sum, batches, samples, start = torch.zeros((), device=acc.device), 0, 0, time.perf_counter()
+        loss_sum, batches, samples = torch.zeros((), device=acc.device), 0, 0
+        self.step_times.new_epoch()
+        tick = time.perf_counter()
         for batch in loader:
             loss = self._train_batch(batch)
             # a skipped batch's non-finite loss is not averaged in (no device sync: the flag stays a tensor)
@@ -343,14 +358,19 @@ class Trainer:
                 continue
             self.state.step += 1
             self.scheduler.step_update(self.state.step)
-            on_optimizer_step(self.model)
+            on_optimizer_step(self.plain_model)
             self._sync_replicas()
+            if self.step_times.add(time.perf_counter() - tick, samples):
+                self._log_first_step()
+            samples = 0
             bar.update(1)
             if self.state.step % cfg.log_every_steps == 0:
-                rate = samples / (time.perf_counter() - start)
+                rate = self.step_times.samples_per_s()
                 log_step(acc, bar, self.state.step, loss=loss.item(), lr=self._lr(), samples_per_s=rate)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self._save("last")
+            # the next step's time starts here: logging and checkpoints are not a step's
+            tick = time.perf_counter()
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
                 break
         bar.close()
@@ -358,7 +378,13 @@ class Trainer:
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
         mean_loss = float(acc.reduce(loss_sum, "mean")) / max(int(batches), 1)
-        return mean_loss, samples / max(time.perf_counter() - start, 1e-9)
+        return mean_loss, self.step_times.samples_per_s()
+
+    def _log_first_step(self) -> None:
+        """The first step's time into the run's log: under train.compile, most of it is compiling."""
+        mode = self.recipe.train.compile_mode
+        what = "eager" if mode is None else f"compiling the model, train.compile mode {mode!r}"
+        _logger.info("first training step: %.2f s (%s)", self.step_times.first_s, what)
 
     def _train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
         """One forward/backward; an optimizer step once `grad_accum_steps` batches are in, unless one of their losses
@@ -369,7 +395,7 @@ class Trainer:
             with acc.autocast():
                 outputs = self.model(*self.kind.inputs(batch))
                 loss = self.task.loss(outputs, targets, mask, label_smoothing=cfg.label_smoothing)
-                loss = loss + auxiliary_loss(self.model)
+                loss = loss + auxiliary_loss(self.plain_model)
             self._count_nonfinite(loss)
             acc.backward(loss)
             if acc.sync_gradients and not self._step_is_finite():
@@ -492,7 +518,7 @@ class Trainer:
         sync_buffers(self.model)
         if not self._replicas_compared and self.accelerator.num_processes > 1:
             self._replicas_compared = True
-            _raise_if_diverged(*replica_mismatches(self.accelerator.unwrap_model(self.model)), self.state.step)
+            _raise_if_diverged(*replica_mismatches(self.plain_model), self.state.step)
 
     def _selected(self) -> dict[str, Any]:
         """What picked checkpoints/best, for train_summary.json."""
@@ -502,7 +528,17 @@ class Trainer:
 
     def _finish(self, last_eval: dict) -> None:
         """Check that every replica holds the same weights and buffers, then write `train_summary.json`."""
-        checksums, differ = replica_mismatches(self.accelerator.unwrap_model(self.model))
+        checksums, differ = replica_mismatches(self.plain_model)
+        times = self.step_times.summary(compiled=self.recipe.train.compile_mode is not None)
+        if times["step_s"] is not None:
+            first = "eager" if times["compile_s"] is None else f"{times['compile_s']:.2f} s more: compiling, warm-up"
+            _logger.info(
+                "steady training step: %.4f s (mean of %d steps); the first: %.2f s (%s)",
+                times["step_s"],
+                self.step_times.steady_steps,
+                times["first_step_s"],
+                first,
+            )
         if self.is_main:
             summary = {
                 "recipe": self.recipe.name,
@@ -511,6 +547,8 @@ class Trainer:
                 "num_processes": self.accelerator.num_processes,
                 "mixed_precision": self.accelerator.mixed_precision,
                 "device": str(self.accelerator.device),
+                "compile": self.recipe.train.compile_mode or False,
+                **times,
                 "replica_checksums": checksums,
                 "replicas_identical": not differ,
                 **self._selected(),
