@@ -67,7 +67,7 @@ def make(name: str, dim: int, heads: int, *, seed: int = 0, with_test_options: b
 def grads(out: torch.Tensor, tensors, keep: torch.Tensor | None = None, allow_unused: bool = False):
     """Gradients of a fixed random projection of `out` (a plain sum would hide errors that cancel); with `keep`,
     rows of padded queries, whose outputs are unspecified, left out."""
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=out.dtype).to(out.device)
     if keep is not None:
         weight = weight * keep[..., None]
     return torch.autograd.grad((out * weight).sum(), tensors, allow_unused=allow_unused)

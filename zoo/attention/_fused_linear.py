@@ -430,6 +430,8 @@ class _Plan:
             "BLOCK_R": self.block_r,
             "PREC": self.prec,
             "num_warps": self.warps,
+            # 256 features: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200 has 227)
+            **({"num_stages": 1} if self.block_r >= 256 else {}),
         }
 
     def constants(self) -> tuple:
