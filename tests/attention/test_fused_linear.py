@@ -99,8 +99,11 @@ def test_fused_kernels_split_the_sequence_over_programs(case):
         assert relative(got, want) < 1e-5
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("case", list(FUSED))
+@pytest.mark.parametrize(
+    "case, dtype",
+    [*((case, torch.bfloat16) for case in FUSED), ("performer", torch.float16), ("linear", torch.float16)],
+    ids=[*(f"{case}-bf16" for case in FUSED), "performer-fp16", "linear-fp16"],
+)
 def test_half_precision_is_finite_and_close_to_fp32(case, dtype):
     """Under autocast, with activations 8x larger than LayerNorm's (where exp features overflow a half type), the
     output and every gradient stay finite and within half precision's rounding of the fp32 torch path."""
@@ -168,6 +171,23 @@ def test_compiled_module_has_no_graph_break_and_equals_eager():
         assert relative(got, want) < 1e-6
 
 
+@pytest.mark.parametrize("case", ["linear", "performer", "hedgehog"])
+def test_bf16_products_stay_close_to_fp32(case, monkeypatch):
+    """`ZOO_FUSED_CONFIG=rows:warps:bf16`: the kernels' products take bf16 operands (fp32 sums) under bf16 autocast;
+    output and gradients within bf16's rounding of the fp32 torch path, all finite."""
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "32:4:bf16")
+    name, options = FUSED[case]
+    module = builders.make(name, DIM, HEADS, **options)
+    reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
+    reference.load_state_dict(module.state_dict())
+    x = builders.tokens(BATCH, LENGTH, DIM)
+    keep = builders.padding(BATCH, LENGTH, drop=0.3)
+    expected = run(reference, x, keep, device="cpu", force=False)
+    for got, want in zip(run(module, x, keep, dtype=torch.bfloat16), expected, strict=True):
+        assert torch.isfinite(got).all()
+        assert relative(got, want) < 5e-2
+
+
 def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
     q = torch.empty(1, 1, 100, 16)
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "elu=32:4,favor=16:8")
@@ -176,6 +196,11 @@ def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
     default = fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0)
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "64:8")
     assert (fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0).block_n, default.block_n) == (64, 64)
-    monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=64")
-    with pytest.raises(ValueError, match="'favor=64' is not rows:warps"):
-        fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0)
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8:bf16")
+    half = q.to(torch.bfloat16)
+    assert fused._Plan(half, half, 16, fused.Feature.FAVOR, 0.0).prec == "bf16"
+    assert fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).prec == "ieee"  # fp32 inputs keep exact products
+    for bad in ("favor=64", "favor=32:8:fp8", "favor=a:b"):
+        monkeypatch.setenv("ZOO_FUSED_CONFIG", bad)
+        with pytest.raises(ValueError, match=f"'{bad}' is not rows:warps"):
+            fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0)

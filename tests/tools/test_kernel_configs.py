@@ -12,10 +12,8 @@ from zoo_bench import kernel_configs
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs the kernels compiled, not interpreted")
 def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch):
     monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4"))
-    small = {"performer": {"nb_features": 16}, "hedgehog": {"feature_dim": 8}}
-    features = {
-        name: (variant, small.get(name, {}), feature) for name, (variant, _, feature) in kernel_configs.FEATURES.items()
-    }
+    # two feature maps (one with a projection) at toy sizes: the interpreter is slow
+    features = {"linear": ("linear", {}, "elu"), "hedgehog": ("hedgehog", {"feature_dim": 8}, "hedgehog")}
     monkeypatch.setattr(kernel_configs, "FEATURES", features)
     monkeypatch.setattr(kernel_configs, "CPU_SHAPES", {"vit_s_1024": (1, 33, 32, 1), "64k": (1, 40, 32, 1)})
     monkeypatch.setattr("sys.argv", ["kernel_configs", "--out", str(tmp_path), "--device", "cpu", "--repeats", "1"])
@@ -28,5 +26,5 @@ def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkey
         assert results["best"][feature] == fastest
         monkeypatch.setenv("ZOO_FUSED_CONFIG", results["env"])
         rows, warps = (int(part) for part in fastest.split(":"))
-        assert _config_override(Feature[feature.upper()]) == (rows, warps)
+        assert _config_override(Feature[feature.upper()]) == (rows, warps, None)
     assert "Chosen: `ZOO_FUSED_CONFIG=" in (tmp_path / "kernel_configs.md").read_text()

@@ -28,6 +28,8 @@ from .recall_speed import frontier, frontier_points
 __all__ = ["COLUMNS", "RULES", "Column", "Fact", "cards_markdown", "write_cards"]
 
 GPU_DIR = "benchmarks/nvidia-h100-80gb-hbm3"
+# the fused linear-family kernels, measured on an H200 after the H100's sweep (a later file wins per variant)
+FUSED_DIR = "benchmarks/nvidia-h200/fused"
 
 
 @dataclass(frozen=True)
@@ -302,9 +304,10 @@ COLUMNS = (
     ),
     Column(
         "GPU speed at 64K",
-        (f"{GPU_DIR}/results.json", f"{GPU_DIR}/one_block/results.json"),
+        (f"{GPU_DIR}/results.json", f"{GPU_DIR}/one_block/results.json", f"{FUSED_DIR}/results.json"),
         f"{GPU_DIR}/results.md",
-        "one layer (dim 512, 8 heads), bf16, forward + backward on an H100: softmax's (SDPA flash) time over the "
+        "one layer (dim 512, 8 heads), bf16, forward + backward on an H100 (on an H200 for the fused kernels of "
+        "`linear`, `performer` and `hedgehog`, benchmarks/nvidia-h200/fused): softmax's (SDPA flash) time over the "
         "variant's, and its own time",
         _gpu_speed,
     ),

@@ -27,7 +27,7 @@ FEATURES = {
     "performer": ("performer", {"nb_features": 256}, "favor"),
     "hedgehog": ("hedgehog", {"feature_dim": 64}, "hedgehog"),
 }
-CONFIGS = ("32:4", "64:4", "64:8", "32:8")
+CONFIGS = ("32:4", "64:4", "64:8", "32:8", "32:8:bf16", "64:4:bf16")
 # (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
 SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
 # The CPU rehearsal (Triton's interpreter): the same shapes' roles at toy sizes

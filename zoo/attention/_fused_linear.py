@@ -98,6 +98,22 @@ def fused_usable(q: Tensor, k: Tensor, v: Tensor, features: int) -> bool:
 
 
 if triton is not None:
+    # Triton's interpreter multiplies bf16 tiles as raw 16-bit integers (numpy has no bf16): there, bf16 operands
+    # are rounded to bf16 and multiplied in fp32, the same products
+    _BF16_IN_FP32 = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+    @triton.jit
+    def _dot(a, b, PREC: tl.constexpr):
+        """a @ b summed in fp32: "ieee" (fp32 inputs), "tf32", or "bf16" operands."""
+        if PREC == "bf16":
+            if _BF16_IN_FP32:
+                return tl.dot(
+                    a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee"
+                )
+            else:
+                return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        else:
+            return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
     def _phi(
@@ -121,7 +137,7 @@ if triton is not None:
             pre = x
             phi = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
         else:
-            pre = tl.dot(x, proj, input_precision=PREC)
+            pre = _dot(x, proj, PREC)
             if KIND == 1:
                 half_sq = tl.sum(x * x, 1) * hsq_scale
                 if IS_KEY:
@@ -164,7 +180,7 @@ if triton is not None:
                 dot_a = tl.sum(tl.where(first, weighted, 0.0), 1)
                 dot_b = tl.sum(tl.where(first, 0.0, weighted), 1)
                 grad_pre = weighted - phi * tl.where(first, dot_a[:, None], dot_b[:, None])
-            grad_x = tl.dot(grad_pre, tl.trans(proj), input_precision=PREC)
+            grad_x = _dot(grad_pre, tl.trans(proj), PREC)
             if KIND == 1:
                 grad_x = grad_x - (tl.sum(grad_pre, 1) * (2.0 * hsq_scale))[:, None] * x
         return grad_x, grad_pre
@@ -220,7 +236,7 @@ if triton is not None:
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
             x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
-            pre = tl.dot(x, proj, input_precision=PREC)
+            pre = _dot(x, proj, PREC)
             ok = _kept_rows(KEEP, b, rows, n, HAS_MASK)[:, None] & (cols_r < r)[None, :]
             best = tl.maximum(best, tl.max(tl.where(ok, pre, float("-inf")), 1))
         tl.atomic_max(KEY_MAX + bh, tl.max(best, 0))
@@ -248,7 +264,7 @@ if triton is not None:
             values = _load_rows(V, b, h, sv_b, sv_h, sv_n, rows, cols_e, n, e)
             kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
             phi, _ = _phi(x, proj, kept, cols_r, r, offset, hsq_scale, floor, log_half_r, KIND, True, PREC)
-            state += tl.dot(tl.trans(phi), values, input_precision=PREC)
+            state += _dot(tl.trans(phi), values, PREC)
             total += tl.sum(phi, 0)
         ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
         tl.atomic_add(S + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], state, mask=ok)
@@ -277,7 +293,7 @@ if triton is not None:
         x = _load_rows(Q, b, h, sq_b, sq_h, sq_n, rows, cols_d, n, d)
         phi, _ = _phi(x, proj, rows < n, cols_r, r, 0.0, hsq_scale, floor, log_half_r, KIND, False, PREC)
         den = tl.maximum(tl.sum(phi * total[None, :], 1), 1e-12)
-        out = tl.dot(phi, state, input_precision=PREC) / den[:, None]
+        out = _dot(phi, state, PREC) / den[:, None]
         _store_rows(OUT, out, b, h, so_b, so_h, so_n, rows, cols_e, n, e)
 
     @triton.jit
@@ -308,15 +324,15 @@ if triton is not None:
             # out = num / max(den, eps): d num = g / den, d den = -(g . out) / den (zero where den < eps)
             grad_num = grad_out / safe_den[:, None]
             grad_den = tl.where(den < 1e-12, 0.0, -tl.sum(grad_out * out, 1) / safe_den)
-            grad_phi = tl.dot(grad_num, tl.trans(state), input_precision=PREC) + grad_den[:, None] * total[None, :]
+            grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
             grad_phi = tl.where((rows < n)[:, None] & (cols_r < r)[None, :], grad_phi, 0.0)
-            grad_state += tl.dot(tl.trans(phi), grad_num, input_precision=PREC)
+            grad_state += _dot(tl.trans(phi), grad_num, PREC)
             grad_total += tl.sum(phi * grad_den[:, None], 0)
             grad_x, grad_pre = _phi_backward(x, proj, phi, pre, grad_phi, cols_r, r, hsq_scale, floor, log_half_r,
                                              KIND, PREC)  # fmt: skip
             _store_rows(DQ, grad_x, b, h, sdq_b, sdq_h, sdq_n, rows, cols_d, n, d)
             if LEARNED:
-                grad_proj += tl.dot(tl.trans(x), grad_pre, input_precision=PREC)
+                grad_proj += _dot(tl.trans(x), grad_pre, PREC)
         ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
         tl.atomic_add(DS + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], grad_state, mask=ok)
         tl.atomic_add(DZ + bh.to(tl.int64) * r + cols_r, grad_total, mask=cols_r < r)
@@ -348,15 +364,15 @@ if triton is not None:
             values = _load_rows(V, b, h, sv_b, sv_h, sv_n, rows, cols_e, n, e)
             kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
             phi, pre = _phi(x, proj, kept, cols_r, r, offset, hsq_scale, floor, log_half_r, KIND, True, PREC)
-            _store_rows(DV, tl.dot(phi, grad_state, input_precision=PREC), b, h, sdv_b, sdv_h, sdv_n, rows, cols_e,
+            _store_rows(DV, _dot(phi, grad_state, PREC), b, h, sdv_b, sdv_h, sdv_n, rows, cols_e,
                         n, e)  # fmt: skip
-            grad_phi = tl.dot(values, tl.trans(grad_state), input_precision=PREC) + grad_total[None, :]
+            grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
             grad_phi = tl.where(kept[:, None] & (cols_r < r)[None, :], grad_phi, 0.0)
             grad_x, grad_pre = _phi_backward(x, proj, phi, pre, grad_phi, cols_r, r, hsq_scale, floor, log_half_r,
                                              KIND, PREC)  # fmt: skip
             _store_rows(DK, grad_x, b, h, sdk_b, sdk_h, sdk_n, rows, cols_d, n, d)
             if LEARNED:
-                grad_proj += tl.dot(tl.trans(x), grad_pre, input_precision=PREC)
+                grad_proj += _dot(tl.trans(x), grad_pre, PREC)
         if LEARNED:
             ok = (cols_d < d)[:, None] & (cols_r < r)[None, :]
             tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
@@ -378,20 +394,29 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _config_override(kind: int) -> tuple[int, int] | None:
-    """`ZOO_FUSED_CONFIG`: `rows:warps` for every feature map, or per map, `elu=64:4,favor=32:8` (the names of
-    `Feature`, lower case): tile rows and warps, for a block-size sweep (`zoo_bench.kernel_configs`)."""
+_DOT_PRECISIONS = ("tf32", "bf16")
+
+
+def _config_override(kind: int) -> tuple[int, int, str | None] | None:
+    """`ZOO_FUSED_CONFIG`: `rows:warps[:dot]` for every feature map, or per map, `elu=64:4,favor=32:8:bf16` (the
+    names of `Feature`, lower case): tile rows, warps and, for half-precision inputs, the products' precision (tf32,
+    the default, or bf16 operands with fp32 sums), for a sweep (`zoo_bench.kernel_configs`)."""
     text = os.environ.get("ZOO_FUSED_CONFIG", "")
     for entry in filter(None, text.split(",")):
         name, _, config = entry.rpartition("=")
         if name in ("", Feature(kind).name.lower()):
+            parts = config.split(":")
             try:
-                rows, warps = (int(part) for part in config.split(":"))
-            except ValueError:
+                rows, warps = int(parts[0]), int(parts[1])
+            except (ValueError, IndexError):
+                rows = None
+            dot = parts[2] if len(parts) == 3 else None
+            if rows is None or len(parts) > 3 or dot not in (None, *_DOT_PRECISIONS):
                 raise ValueError(
-                    f"ZOO_FUSED_CONFIG entry {entry!r} is not rows:warps, e.g. 64:4 or favor=32:8"
-                ) from None
-            return rows, warps
+                    f"ZOO_FUSED_CONFIG entry {entry!r} is not rows:warps[:dot] (dot one of "
+                    f"{', '.join(_DOT_PRECISIONS)}), e.g. 64:4 or favor=32:8:bf16"
+                )
+            return rows, warps, dot
     return None
 
 
@@ -405,9 +430,13 @@ class _Plan:
         # The `[w, r]` feature tile and the `[r, e]` state share the registers with the accumulators.
         self.block_n = 64 if self.block_r <= 128 else 32
         self.warps = 4 if self.block_r * self.block_e <= 64 * 64 else 8
+        # tf32 where the inputs are half precision anyway; exact fp32 products for fp32 inputs
+        self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
         override = _config_override(kind)
         if override:
-            self.block_n, self.warps = override
+            self.block_n, self.warps, dot = override
+            if dot and self.prec != "ieee":
+                self.prec = dot
         n_tiles = triton.cdiv(n, self.block_n)
         splits = max(1, min(n_tiles, _programs(q.device) // (b * h)))
         self.tiles = triton.cdiv(n_tiles, splits)
@@ -419,8 +448,6 @@ class _Plan:
         self.proj_scale = d**-0.25 if kind in (Feature.FAVOR, Feature.RELU) else 1.0
         self.log_half_r = 0.5 * math.log(features)
         self.floor = eps / math.sqrt(features) if kind == Feature.FAVOR else eps
-        # tf32 where the inputs are half precision anyway; exact fp32 products for fp32 inputs
-        self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
 
     def blocks(self) -> dict:
         return {
