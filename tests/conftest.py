@@ -34,7 +34,11 @@ def no_network():
 
 def pytest_collection_modifyitems(config, items):
     """Test ids must be the same in every process: pytest-xdist (as on a GPU machine) refuses a run whose workers
-    collect different ids, and an object's default repr (`<function <lambda> at 0x7f...>`) differs per process."""
+    collect different ids, and an object's default repr (`<function <lambda> at 0x7f...>`) differs per process.
+    The order, too: the slow tests first, in a stable sort."""
     unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
     if unstable:
         raise pytest.UsageError(f"test ids that hold a memory address (give the parametrize ids): {unstable[:3]}")
+    # The tests marked slow (multi-process and end-to-end runs, up to minutes each) first: the two processes share
+    # them from the start and finish on the short tests, rather than one process ending on a long tail alone.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
