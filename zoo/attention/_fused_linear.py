@@ -242,6 +242,28 @@ if triton is not None:
         tl.atomic_max(KEY_MAX + bh, tl.max(best, 0))
 
     @triton.jit
+    def _add_state(S, Z, bh, state, total, cols_r, cols_e, r, e):
+        """Atomically add a program's `[R, E]` state (or its gradient) and `[R]` key sum into `[b h, r, e]` and
+        `[b h, r]`."""
+        ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
+        tl.atomic_add(S + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], state, mask=ok)
+        tl.atomic_add(Z + bh.to(tl.int64) * r + cols_r, total, mask=cols_r < r)
+
+    @triton.jit
+    def _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r):
+        """Atomically add a program's `[D, R]` gradient of head h's map into `[h, d, r]`."""
+        ok = (cols_d < d)[:, None] & (cols_r < r)[None, :]
+        tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
+
+    @triton.jit
+    def _key_offset(KEY_MAX, bh, KIND: tl.constexpr):
+        """FAVOR's key offset of this (sample, head); 0 for the other maps, which have none."""
+        offset = 0.0
+        if KIND == 1:
+            offset = tl.load(KEY_MAX + bh)
+        return offset
+
+    @triton.jit
     def _state_kernel(
         K, sk_b, sk_h, sk_n, V, sv_b, sv_h, sv_n, P, sp_h, sp_d, sp_r, KEEP, KEY_MAX, S, Z,
         heads, n, d, e, r, tiles, hsq_scale, floor, log_half_r, proj_scale,
@@ -253,9 +275,7 @@ if triton is not None:
         b, h = bh // heads, bh % heads
         cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
         proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
-        offset = 0.0
-        if KIND == 1:
-            offset = tl.load(KEY_MAX + bh)
+        offset = _key_offset(KEY_MAX, bh, KIND)
         state = tl.zeros([BLOCK_R, BLOCK_E], tl.float32)
         total = tl.zeros([BLOCK_R], tl.float32)
         for tile in range(tiles):
@@ -266,9 +286,7 @@ if triton is not None:
             phi, _ = _phi(x, proj, kept, cols_r, r, offset, hsq_scale, floor, log_half_r, KIND, True, PREC)
             state += _dot(tl.trans(phi), values, PREC)
             total += tl.sum(phi, 0)
-        ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
-        tl.atomic_add(S + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], state, mask=ok)
-        tl.atomic_add(Z + bh.to(tl.int64) * r + cols_r, total, mask=cols_r < r)
+        _add_state(S, Z, bh, state, total, cols_r, cols_e, r, e)
 
     @triton.jit
     def _load_state(S, Z, bh, cols_r, cols_e, r, e):
@@ -333,12 +351,9 @@ if triton is not None:
             _store_rows(DQ, grad_x, b, h, sdq_b, sdq_h, sdq_n, rows, cols_d, n, d)
             if LEARNED:
                 grad_proj += _dot(tl.trans(x), grad_pre, PREC)
-        ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
-        tl.atomic_add(DS + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], grad_state, mask=ok)
-        tl.atomic_add(DZ + bh.to(tl.int64) * r + cols_r, grad_total, mask=cols_r < r)
+        _add_state(DS, DZ, bh, grad_state, grad_total, cols_r, cols_e, r, e)
         if LEARNED:
-            ok = (cols_d < d)[:, None] & (cols_r < r)[None, :]
-            tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
+            _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r)
 
     @triton.jit
     def _key_backward_kernel(
@@ -353,9 +368,7 @@ if triton is not None:
         b, h = bh // heads, bh % heads
         cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
         proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
-        offset = 0.0
-        if KIND == 1:
-            offset = tl.load(KEY_MAX + bh)
+        offset = _key_offset(KEY_MAX, bh, KIND)
         grad_proj = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -374,8 +387,7 @@ if triton is not None:
             if LEARNED:
                 grad_proj += _dot(tl.trans(x), grad_pre, PREC)
         if LEARNED:
-            ok = (cols_d < d)[:, None] & (cols_r < r)[None, :]
-            tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
+            _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r)
 
 
 # Triton chose, when the kernels were defined, between compiling them and interpreting them
