@@ -112,7 +112,7 @@ CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
 DEVICE_ENV = PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) \
 	$(if $(wildcard $(DEVICE_CACHE)/*.npz),ZOO_CACHE="$${ZOO_CACHE:-$(abspath $(DEVICE_CACHE))}")
 
-.PHONY: device-check device-train device-test device-cache
+.PHONY: device-check device-train device-test device-cache device-wheels
 
 device-check:
 	$(DEVICE_ENV) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
@@ -124,6 +124,11 @@ device-train:
 
 device-test:
 	$(DEVICE_ENV) $(CHECK_PY) -m pytest $(DEVICE_TESTS) -x -rf -q -p no:cacheprovider $(DEVICE_TEST_ARGS)
+
+# device-wheels: the pure-Python wheels a GPU machine without a package index needs (fla-core, zoo's `gpu` extra),
+# into .whl (git-ignored), which tools/device_lease.sh installs when the device tool carries it.
+device-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "fla-core==0.6.0"
 
 device-cache: $(STAMP)
 	mkdir -p $(DEVICE_CACHE)
