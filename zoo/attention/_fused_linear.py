@@ -437,7 +437,7 @@ class _Plan:
 
     def __init__(self, q: Tensor, v: Tensor, features: int, kind: int, eps: float) -> None:
         b, h, n, d = q.shape
-        self.b, self.h, self.n, self.d, self.e, self.r = b, h, n, d, v.shape[-1], features
+        self.h, self.n, self.d, self.e, self.r = h, n, d, v.shape[-1], features
         self.block_d, self.block_e, self.block_r = _pow2(d), _pow2(self.e), _pow2(features)
         # The `[w, r]` feature tile and the `[r, e]` state share the registers with the accumulators.
         self.block_n = 64 if self.block_r <= 128 else 32
@@ -541,6 +541,11 @@ def _forward(q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
     return out, state, total, key_max
 
 
+def _heads(packed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`[b, n, 3, h, d]` -> its q, k and v parts as `[b, h, n, d]` views."""
+    return tuple(packed[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+
+
 def _backward(grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind: int, eps: float):
     b, h, n, d = q.shape
     plan = _Plan(q, v, _features(proj_q, q, kind), kind, eps)
@@ -548,7 +553,7 @@ def _backward(grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_ma
         state, total, _ = _state(k, v, keep, proj_k, plan, key_max)
     # one buffer laid out like the qkv projection's output: `SplitHeads` hands it on as qkv's gradient, no copy
     grad_qkv = q.new_empty(b, n, 3, h, d)
-    grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+    grad_q, grad_k, grad_v = _heads(grad_qkv)
     grad_state, grad_total = torch.zeros_like(state), torch.zeros_like(total)
     learned = kind == Feature.HEDGEHOG
     # the gradient of [W, -W] `[h, d, 2 f]`, folded into W's below
@@ -651,7 +656,7 @@ def _op_backward(ctx, grad_out, *_unused):
     grad_qkv, grad_proj_q, grad_proj_k = _fused_backward_op(
         grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, ctx.kind, ctx.eps
     )
-    grad_q, grad_k, grad_v = (grad_qkv[:, :, i].permute(0, 2, 1, 3) for i in range(3))
+    grad_q, grad_k, grad_v = _heads(grad_qkv)
     learned = ctx.kind == Feature.HEDGEHOG
     return (
         grad_q,
