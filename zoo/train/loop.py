@@ -38,7 +38,6 @@ import torch
 from accelerate import DataLoaderConfiguration
 from accelerate.utils import set_seed
 from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler, StepLRScheduler
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -60,6 +59,7 @@ from ..hub.checkpoints import (
 from ..hub.runs import copy_run_files, describe_model, write_description
 from ..kinds import build_model, get_model_kind, sizes_of
 from ._compile import StepTimes, dynamo_plugin, plain_state_dict_keys
+from ._schedule import build_scheduler
 from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
 from .distributed import build_accelerator, is_sharded, local_shard, replica_mismatches, save_checkpoint, sync_buffers
 from .eval_loop import evaluate_loader
@@ -237,7 +237,7 @@ class Trainer:
             raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
-        self.scheduler = self._scheduler()
+        self.scheduler = build_scheduler(self.optimizer, recipe.schedule, self.total_steps)
         self.state = TrainState(pretrained=pretrained)
         # [count, last value] of the non-finite losses among the current step's batches, on the device
         self._nonfinite_losses: Tensor | None = None
@@ -246,15 +246,6 @@ class Trainer:
         self.step_times = StepTimes()
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
-
-    def _scheduler(self):
-        sched, warmup = self.recipe.schedule, self.recipe.schedule.warmup_steps
-        common = {"warmup_t": warmup, "warmup_lr_init": sched.warmup_lr, "t_in_epochs": False}
-        if sched.name == "cosine":
-            return CosineLRScheduler(self.optimizer, t_initial=self.total_steps, lr_min=sched.min_lr, **common)
-        decay_t = max(self.total_steps // 3, 1)
-        rate = 1.0 if sched.name == "constant" else 0.1
-        return StepLRScheduler(self.optimizer, decay_t=decay_t, decay_rate=rate, **common)
 
     @property
     def batches_per_epoch(self) -> int:
