@@ -1,19 +1,20 @@
 """zoo's on-disk caches: where they live, writes that readers never see half done, and a lock for builders.
 
-Standard library only (numpy is imported where an array is written): ``zoo/data/_debian.py`` imports this file
-when the Makefile runs it as a script, outside the package.
+The standard library and filelock (installed with torch; numpy is imported where an array is written):
+``zoo/data/_debian.py`` imports this file when the Makefile runs it as a script, outside the package.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from filelock import FileLock
 
 __all__ = ["cache_dir", "cache_lock", "write_atomic", "write_npz_atomic"]
 
@@ -64,13 +65,13 @@ def cache_lock(path: Path) -> Iterator[None]:
     lock_path = path.with_name(path.name + ".lock")
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_path, "a+b")  # noqa: SIM115 - held open for the lock's lifetime
+        # filelock, where fcntl is POSIX only: an OS lock on every platform, released when the process dies
+        lock = FileLock(lock_path)
+        lock.acquire()
     except OSError:
         yield
         return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        lock.release()
