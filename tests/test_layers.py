@@ -29,12 +29,25 @@ def _module(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _prefixes(module: str) -> list[str]:
+    """The entries of `LAYERS` that hold `module`: itself, or a package above it; `zoo` holds only its own
+    `__init__` (a prefix of every module, it would give a new top-level folder the top layer unnoticed)."""
+    return [
+        prefix
+        for layer in LAYERS
+        for prefix in layer
+        if module == prefix or (prefix != "zoo" and module.startswith(prefix + "."))
+    ]
+
+
 def _layer(module: str) -> int:
-    best = max(
-        (prefix for layer in LAYERS for prefix in layer if module == prefix or module.startswith(prefix + ".")),
-        key=len,
-    )
+    best = max(_prefixes(module), key=len)
     return next(i for i, layer in enumerate(LAYERS) if best in layer)
+
+
+def unlayered(modules) -> list[str]:
+    """The modules of `modules` that no entry of `LAYERS` holds."""
+    return [module for module in sorted(modules) if not _prefixes(module)]
 
 
 def _type_checking_lines(tree: ast.Module) -> set[int]:
@@ -115,8 +128,13 @@ def test_no_import_cycles():
 
 
 def test_every_module_has_a_layer():
-    for module in GRAPH:
-        _layer(module)
+    assert not unlayered(GRAPH), f"modules of no layer (add their folder to LAYERS): {unlayered(GRAPH)}"
+
+
+def test_a_new_top_level_folder_has_no_layer_until_listed():
+    modules = {"zoo", "zoo.cli", "zoo.models.vit", "zoo.train.loop", "zoo.newfolder", "zoo.newfolder.part"}
+    assert unlayered(modules) == ["zoo.newfolder", "zoo.newfolder.part"]
+    assert [_layer(m) for m in ("zoo._validate", "zoo.models.vit", "zoo.cli", "zoo")] == [0, 4, 10, 10]
 
 
 def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path):

@@ -5,7 +5,9 @@ import pytest
 import timm
 import torch
 
+from zoo.attention import get_attention, list_attentions
 from zoo.attention.softmax import SoftmaxAttention, softmax_attention
+from zoo.data.dna import packaged as dna
 from zoo.models.embeddings import (
     DNA_CLS,
     DNA_MASK,
@@ -17,7 +19,7 @@ from zoo.models.embeddings import (
     RevIN,
     num_patches,
 )
-from zoo.models.generation import generate, recurrent_logits, sample_next, supports_recurrent
+from zoo.models.generation import generate, has_step, recurrent_logits, sample_next, supports_recurrent
 from zoo.models.sequence import SequenceTransformer, create_sequence_model, load_vit_weights, with_rotary
 
 TINY = {"depth": 2, "dim": 32, "num_heads": 2}
@@ -242,7 +244,6 @@ def test_kmer_ids_count_in_base_four_and_mark_unknown_windows():
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_vocabularies_agree_with_the_data_tokenizer(k):
-    dna = pytest.importorskip("zoo.data.dna.packaged")
     codes = dna.encode_nucleotides("ACGTTGCANNACGGTCA")
     nucleotides = dna.DNATokenizer(k=1)(codes)
     assert (dna.PAD_ID, dna.CLS_ID, dna.MASK_ID) == (DNA_PAD, DNA_CLS, DNA_MASK)
@@ -338,19 +339,31 @@ def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
     assert model.training
 
 
-@pytest.mark.parametrize("attention", ["linear", "performer"])
-def test_recurrent_step_of_linear_variants_matches_the_full_forward(attention):
-    # Importing the family registers it, whether or not zoo.attention imports it yet.
-    pytest.importorskip(f"zoo.attention.{attention}")
+# every registered attention with a recurrent step, read off the registry: a new one is checked with no test edit
+RECURRENT = [name for name in list_attentions() if has_step(get_attention(name))]
+
+
+def test_the_linear_families_decode_recurrently():
+    assert {"linear", "performer"} <= set(RECURRENT)
+
+
+@pytest.mark.parametrize("attention", RECURRENT)
+def test_recurrent_step_matches_the_full_forward(attention):
     model = create_sequence_model("causal_lm", attention=attention, **TINY).eval()
-    if not supports_recurrent(model):
-        pytest.skip(f"attention {attention!r} has no recurrent step yet")
+    assert supports_recurrent(model)
     tokens = _tokens(length=19)
     torch.testing.assert_close(recurrent_logits(model, tokens), model(tokens), atol=1e-4, rtol=1e-4)
     prompt = tokens[:, :5]
     assert torch.equal(
         generate(model, prompt, 8, temperature=0), generate(model, prompt, 8, temperature=0, recurrent=False)
     )
+
+
+def test_recurrent_decoding_without_a_step_is_an_error_naming_the_attention():
+    model = create_sequence_model("causal_lm", attention="softmax", **TINY).eval()
+    assert not supports_recurrent(model)
+    with pytest.raises(ValueError, match="attention 'softmax' has no recurrent decode_step"):
+        generate(model, _tokens(length=4), 2, temperature=0, recurrent=True)
 
 
 def test_revin_stats_let_the_model_tell_series_of_one_shape_but_another_scale_apart():
