@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from timm.models import clean_state_dict
 from torch import nn
 
 from ._validate import first_line
@@ -30,8 +31,6 @@ WEIGHTS_NAME = "model.safetensors"
 _FOLDER_WEIGHTS = (WEIGHTS_NAME, "pytorch_model.bin")
 # Containers that training scripts wrap a state dict in.
 _CONTAINER_KEYS = ("state_dict", "model_state_dict", "model", "module")
-# Prefixes that wrappers add to every key: DistributedDataParallel, torch.compile.
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 _LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 _BLOCK_INDEX = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 # The parameters of timm's Attention; a variant's other `.attn.` parameters are its own.
@@ -159,11 +158,8 @@ def _unwrap(state: Any, path: Path) -> dict[str, torch.Tensor]:
             f"{path}: not a state dict: entry {bad[0]!r} is a {type(bad[1]).__name__}, not a tensor "
             f"(top-level keys: {', '.join(map(str, list(state)[:6]))})"
         )
-    state = dict(state)
-    for prefix in _WRAPPER_PREFIXES:
-        if all(key.startswith(prefix) for key in state):
-            state = {key.removeprefix(prefix): value for key, value in state.items()}
-    return state
+    # timm's: the DDP (`module.`) and torch.compile (`_orig_mod.`) prefixes, wrapped in either order
+    return clean_state_dict(dict(state))
 
 
 def check_state_dict(
