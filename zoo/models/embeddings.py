@@ -27,6 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 from einops import rearrange, repeat
+from timm.layers.pos_embed_sincos import apply_rot_embed, freq_bands
 from torch import Tensor, nn
 
 __all__ = [
@@ -277,8 +278,7 @@ def sinusoidal_positions(length: int, dim: int, *, offset: int = 0, base: float 
     if dim % 2:
         raise ValueError(f"sinusoidal positions need an even dim, got {dim}")
     position = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
-    frequency = base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-    angle = position[:, None] * frequency
+    angle = position[:, None] * freq_bands(dim, temperature=base, step=2, device=device)
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
 
 
@@ -295,8 +295,7 @@ def rotary_tables(positions: Tensor, head_dim: int, *, base: float = 10000.0) ->
     """positions `[n]` -> cos, sin `[n, d]` for RoFormer's rotation of `d / 2` channel pairs (float32)."""
     if head_dim % 2:
         raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
-    frequency = base ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angle = positions.float()[:, None] * frequency
+    angle = positions.float()[:, None] * freq_bands(head_dim, temperature=base, step=2, device=positions.device)
     angle = torch.cat([angle, angle], dim=-1)
     return angle.cos(), angle.sin()
 
@@ -305,8 +304,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """`x: [b, h, n, d]` rotated by position: pair (i, i + d/2) turns by angle `position * base^(-2i/d)`.
 
     The half-split pairing (GPT-NeoX) rather than RoFormer's interleaved pairs: the same rotation up to a fixed
-    permutation of channels, without strided indexing. `q.k` then depends on positions only through `i - j`.
+    permutation of channels, without strided indexing (timm's `half` layout, `apply_rot_embed`). `q.k` then depends on
+    positions only through `i - j`. The rotation runs in the tables' float32 (or `x`'s wider dtype), cast back to
+    `x`'s dtype.
     """
-    first, second = x.chunk(2, dim=-1)
-    rotated = torch.cat([-second, first], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return apply_rot_embed(x, sin, cos, half=True)
