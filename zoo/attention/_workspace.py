@@ -25,6 +25,7 @@ __all__ = [
     "SplitHeads",
     "SplitHeadsMixin",
     "Workspace",
+    "exporting",
     "first_order_only",
     "keep_in_rows",
     "normalise_backward_into",
@@ -49,6 +50,16 @@ def poison_unwritten() -> Iterator[None]:
         yield
     finally:
         _POISON = previous
+
+
+def exporting() -> bool:
+    """True while `torch.export` traces: the blocked kernels' callers then take their path without workspaces.
+
+    Export traces a custom autograd Function's forward with autograd on, where an `out=` write into a workspace is
+    refused ("functions with out=... arguments don't support automatic differentiation"). torch.compile runs that
+    forward as eager does, without autograd, so compiled models keep the blocked kernels and their memory bounds.
+    """
+    return torch.compiler.is_exporting()
 
 
 def unwritten(like: Tensor, shape: Sequence[int], dtype: torch.dtype | None = None) -> Tensor:

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, key_padding_mask, masked_fill_keys, pad_to_multiple
 from ._registry import register_attention
-from ._workspace import unwritten
+from ._workspace import exporting, unwritten
 
 __all__ = [
     "GAUAttention",
@@ -121,7 +121,11 @@ def _quadratic(q: Tensor, k: Tensor, v: Tensor, scale: Tensor, w: int, is_causal
     qc, kc, vc = (rearrange(_chunks(x, w), "b h k w x -> (b h k) w x") for x in (q, k, v))
     # One scale per chunk row: the sample's, repeated over its heads and chunks.
     inv_scale = scale.reciprocal().expand(b, h, qc.shape[0] // (b * h), 1).reshape(-1, 1, 1)
-    out = _ChunkReluSquare.apply(qc, kc, vc, inv_scale, is_causal)
+    if exporting():
+        # torch.export's tracing refuses the pass-wise `out=` writes: every chunk's weights at once, autograd's backward
+        out = torch.bmm(_relu_square(qc, kc, inv_scale, is_causal)[0], vc)
+    else:
+        out = _ChunkReluSquare.apply(qc, kc, vc, inv_scale, is_causal)
     return rearrange(out, "(b h k) w e -> b h (k w) e", b=b, h=h)[:, :, :n]
 
 

@@ -25,6 +25,7 @@ from ._registry import register_attention
 from ._workspace import (
     SplitHeadsMixin,
     Workspace,
+    exporting,
     first_order_only,
     keep_in_rows,
     normalise_backward_into,
@@ -56,13 +57,13 @@ def linear_attention(
     works; the last chunk is padded internally). Accumulated in float32 at least.
 
     Non-causal: on CUDA the fused Triton kernels (`_fused_linear`); elsewhere `_BlockedLinear`, in row blocks with
-    the features recomputed in backward (no `[n, d]` intermediate is ever stored); `reference=True`, and causally,
-    through `kernel_attention`.
+    the features recomputed in backward (no `[n, d]` intermediate is ever stored); `reference=True`, causally, and
+    under `torch.export` (whose tracing refuses the blocked kernel's `out=` workspaces) through `kernel_attention`.
     """
     if not reference and not is_causal and fused_usable(q, k, v, q.shape[-1]):
         return fused_kernel_attention(q, k, v, mask, Feature.ELU)
     # the blocked kernel walks keys and queries in the same row blocks: equal lengths only
-    if not reference and not is_causal and k.shape[-2] == q.shape[-2]:
+    if not reference and not is_causal and k.shape[-2] == q.shape[-2] and not exporting():
         out_dtype = v.dtype
         with torch.autocast(v.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(q.dtype, v.dtype), torch.float32)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
 from ._registry import register_attention
-from ._workspace import first_order_only, rows_per_block, unwritten
+from ._workspace import exporting, first_order_only, rows_per_block, unwritten
 from .softmax import softmax_attention
 
 __all__ = [
@@ -74,8 +74,11 @@ def blocked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = Non
     (laid out as `[b, n, h, e]`, so merging the heads is a view). Meant for the projection family, where one
     side is short (r landmarks or projected keys): blocks of queries and keys, online softmax over the key
     blocks, the weights recomputed in backward from the saved log-normaliser (as flash attention does). A
-    query with no kept key gets zeros, as `masked_softmax` gives. Computed in q's dtype.
+    query with no kept key gets zeros, as `masked_softmax` gives. Computed in q's dtype. Under `torch.export`, whose
+    tracing refuses the blocks' `out=` workspaces, the `[n, m]` weights are formed instead.
     """
+    if exporting():
+        return masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
     return _BlockedAttention.apply(q, k, v, keep)
 
 

@@ -29,6 +29,7 @@ from ._seeded import SeedStepMixin
 from ._workspace import (
     SplitHeadsMixin,
     Workspace,
+    exporting,
     first_order_only,
     keep_in_rows,
     normalise_backward_into,
@@ -67,8 +68,9 @@ def favor_attention(
 
     Non-causal on CUDA, both kernels run in the fused Triton kernels (`_fused_linear`: features computed in the
     kernels from q and k as they come, never stored); elsewhere the softmax kernel runs block by block
-    (`_BlockedFavor`: features recomputed in backward); `reference=True`, causal mode and the relu kernel on the
-    CPU take explicit features through `kernel_attention`.
+    (`_BlockedFavor`: features recomputed in backward); `reference=True`, causal mode, the relu kernel on the
+    CPU and `torch.export` (whose tracing refuses the blocked kernel's `out=` workspaces) take explicit features
+    through `kernel_attention`.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel {kernel!r} is not one of {', '.join(map(repr, KERNELS))}")
@@ -83,7 +85,8 @@ def favor_attention(
         dtype = torch.promote_types(v.dtype, torch.float32)
         q, k, v, projection = q.to(dtype), k.to(dtype), v.to(dtype), projection.to(dtype)
         # the blocked kernel walks keys and queries in the same row blocks: equal lengths only
-        if not reference and kernel == "softmax" and not is_causal and k.shape[-2] == q.shape[-2]:
+        blocked = not reference and kernel == "softmax" and not is_causal and k.shape[-2] == q.shape[-2]
+        if blocked and not exporting():
             return _BlockedFavor.apply(q, k, v, projection, mask, eps).to(out_dtype)
         phi_q, phi_k, key_log_scale = favor_features(q, k, projection, mask, is_causal, kernel=kernel, eps=eps)
         out = kernel_attention(phi_q, phi_k, v, key_log_scale=key_log_scale, is_causal=is_causal, chunk_size=chunk_size)

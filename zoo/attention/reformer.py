@@ -42,7 +42,7 @@ from .._validate import check_bool, check_int
 from ._common import AttentionBase, pad_to_multiple
 from ._registry import register_attention
 from ._seeded import SeedStepMixin
-from ._workspace import unwritten
+from ._workspace import exporting, unwritten
 
 __all__ = ["ReformerAttention", "lsh_attention", "lsh_bucket_count", "lsh_buckets"]
 
@@ -372,7 +372,8 @@ def lsh_attention(
     `2u = lsh_bucket_count(n, bucket_size)` (u = 0 for one bucket) and r hash rounds; mask: `[b, n]` bool key
     padding mask, True = keep -> `[b, h, n, d]` in v's dtype (outputs at masked positions are finite but
     meaningless). Logits are `scale * q_i . k_j`, scale = d^-1/2 by default. Computed in float32 at least.
-    `reference=True`: the O(n^2) dense reference instead of the blocked fast path.
+    `reference=True`, and under `torch.export` (whose tracing refuses the fast path's `out=` workspaces): the O(n^2)
+    dense reference instead of the blocked fast path.
     """
     b, h, n, d = qk.shape
     w, rounds = bucket_size, rotations.shape[1] if rotations.dim() == 4 else 0
@@ -396,7 +397,7 @@ def lsh_attention(
             keep[:, :n] = True if mask is None else mask
         buckets = lsh_buckets(q, rotations, keep)
         layout = _ChunkLayout.build(buckets, w, n_buckets, is_causal, count_duplicates)
-        if not reference:
+        if not reference and not exporting():
             q, v = (x.reshape(b * h * length, d) for x in (q, v))
             out = _LSHAttention.apply(q, v, layout, scale, dropout_p)
         else:

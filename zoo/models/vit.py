@@ -35,7 +35,13 @@ from huggingface_hub import is_offline_mode
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.layers import to_2tuple, use_reentrant_ckpt
-from timm.models import build_model_with_cfg, generate_default_cfgs, load_pretrained, register_model
+from timm.models import (
+    build_model_with_cfg,
+    generate_default_cfgs,
+    load_pretrained,
+    register_model,
+    register_notrace_module,
+)
 from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
@@ -44,7 +50,7 @@ from torch import nn
 from .._validate import first_line, unknown_name
 from .._weights import WeightsError, check_state_dict, read_weights
 from ..attention import attention_class, get_attention
-from ..attention._common import TIMM_ATTENTION_KEYS
+from ..attention._common import TIMM_ATTENTION_KEYS, AttentionBase
 from .blocks import ReversibleSequence, block_class
 from .stems import STEMS
 
@@ -59,6 +65,12 @@ __all__ = [
 ]  # register_model adds each entry point
 
 _logger = logging.getLogger(__name__)
+
+# timm's fx feature extraction (`create_feature_extractor`, `features_only=True, feature_cls="fx"`) traces the model
+# symbolically; an attention's forward branches on its input's length and mask (block sizes, padding, fast paths),
+# which a symbolic trace cannot follow, so every zoo attention is one leaf node of the graph, as timm's own
+# non-traceable layers are. Feature nodes are then the blocks (and anything outside the attention).
+register_notrace_module(AttentionBase)
 
 
 class ZooVisionTransformer(VisionTransformer):
@@ -252,7 +264,12 @@ def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> Zo
     )
     if pretrained and not features:
         _load_pretrained_weights(model)
-    _report_own_input(model)
+    if features:
+        # timm's FeatureGetterNet wraps the model (as .model) and carries a cfg of its own: both report the input
+        _report_own_input(model.model)
+        _report_own_input(model, backbone=model.model)
+    else:
+        _report_own_input(model)
     return model
 
 
@@ -291,16 +308,18 @@ def per_channel(name: str, values: Sequence[float], in_chans: int) -> list[float
     )
 
 
-def _report_own_input(model: ZooVisionTransformer) -> None:
+def _report_own_input(model: nn.Module, backbone: ZooVisionTransformer | None = None) -> None:
     """timm keeps the architecture's `input_size` (3, 224, 224) in `pretrained_cfg` whatever size the model was
     built for, so `timm.data.resolve_data_config(model=model)` would shrink every image to 224 px for a 1024-px
     model: the model's own channels and size go there instead, with a mean and std per channel, as a loaded run
-    records them (`zoo.hub.load`). A cfg that already agrees (a loaded run's) is left as it is."""
-    cfg, in_chans = dict(model.pretrained_cfg), model.zoo_args.get("in_chans", 3)
-    size = (in_chans, *model.patch_embed.img_size)
+    records them (`zoo.hub.load`). A cfg that already agrees (a loaded run's) is left as it is. `backbone`: the ViT
+    that `model` wraps (timm's feature extractor), `model` itself by default."""
+    backbone = model if backbone is None else backbone
+    cfg, in_chans = dict(model.pretrained_cfg), backbone.zoo_args.get("in_chans", 3)
+    size = (in_chans, *backbone.patch_embed.img_size)
     if tuple(cfg.get("input_size", ())) != size:
         cfg["input_size"] = size
-    cfg["fixed_input_size"] = not model.dynamic_img_size
+    cfg["fixed_input_size"] = not backbone.dynamic_img_size
     for key in ("mean", "std"):
         if key in cfg and len(cfg[key]) != in_chans:
             cfg[key] = tuple(_architecture_stat(key, cfg[key], in_chans))
