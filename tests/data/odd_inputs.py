@@ -104,3 +104,27 @@ def ts_splits(root: Path, count: int = 6) -> Path:
             lines.append(",".join(f"{v:.3f}" for v in values) + f":{label}")
         (root / f"{split}.ts").write_text("\n".join(lines) + "\n")
     return root
+
+
+def write_mask(path: Path, classes: np.ndarray, *, palette: bool = True) -> Path:
+    """`classes` `[h, w]` (uint8) as a palette PNG (its indices are the classes) or a grey one (its values)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mask = Image.fromarray(classes.astype(np.uint8), "L")
+    if palette:
+        # putpalette turns the grey image into a palette image holding the same indices
+        mask.putpalette([channel for k in range(256) for channel in (k * 37 % 256, k * 91 % 256, k * 53 % 256)])
+    mask.save(path)
+    return path
+
+
+def mask_tree(root: Path, *, per_split: int = 4, num_classes: int = 3) -> Path:
+    """`root/<split>/images/<k>.png` (8-bit RGB, 12 x 10 pixels) and `root/<split>/masks/<k>.png` (palette masks of
+    `num_classes` classes, the same size), `per_split` pairs per split."""
+    rng = np.random.default_rng(5)
+    for split in ("train", "val", "test"):
+        for k in range(per_split):
+            image = root / split / "images" / f"{k}.png"
+            image.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(image)
+            write_mask(root / split / "masks" / f"{k}.png", rng.integers(0, num_classes, (10, 12)))
+    return root
