@@ -52,6 +52,11 @@ class _Images(Dataset):
 @pytest.fixture
 def toy_datasets(monkeypatch):
     """Registers `toy_tokens` and `toy_images` in a copy of the registry, restored after the test."""
+    register_toys(monkeypatch)
+
+
+def register_toys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`toy_tokens` and `toy_images` registered in a copy of the registry, which `monkeypatch` restores."""
     monkeypatch.setattr(_registry, "_DATASETS", _registry._DATASETS.copy())
 
     @dataclass(kw_only=True)
@@ -193,4 +198,9 @@ def test_registration_rules(toy_datasets):
 
 
 def test_registrations_in_a_test_do_not_outlive_it():
-    assert "toy_tokens" not in list_datasets()
+    # in one test, whatever ran before it and on whichever worker: registered, then undone as a fixture's teardown
+    before = list_datasets()
+    with pytest.MonkeyPatch.context() as patch:
+        register_toys(patch)
+        assert list_datasets() == [*before, "toy_tokens", "toy_images"]
+    assert list_datasets() == before and "toy_tokens" not in before
