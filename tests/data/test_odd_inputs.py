@@ -30,9 +30,11 @@ from odd_inputs import (
     forecast_rows,
     genomic_benchmarks_tree,
     image_tree,
+    mask_tree,
     ts_splits,
     write_csv,
     write_fasta,
+    write_mask,
 )
 from PIL import Image
 
@@ -63,6 +65,12 @@ def folder(root: Path, split: str = "train", num_samples: int | None = None, **o
     for index in range(len(dataset)):
         dataset[index]
     return dataset
+
+
+def mask_folder(root: Path, split: str = "train", **options) -> Any:
+    options = {"num_classes": 3, **options}
+    dataset = build_dataset("mask_folder", DataContext(split, False, root=str(root), img_size=IMG_SIZE), **options)
+    return [dataset[index] for index in range(len(dataset))]
 
 
 def fasta(root: Path, split: str = "train", num_samples: int | None = None, window: int = 16, **options) -> Any:
@@ -189,6 +197,28 @@ def _rgba(tmp: Path, runs: Runs) -> None:
     Image.new("RGBA", (12, 10), (255, 255, 255, 0)).save(root / "train" / "cat" / "0.png")
     folder(root)
     assert np.asarray(open_image(root / "train" / "cat" / "0.png")).max() == 0
+
+
+def _spoilt_masks(tmp: Path, spoil: Callable[[Path], None], **options) -> Any:
+    root = mask_tree(tmp / "masks")
+    spoil(root / "train")
+    return mask_folder(root, **options)
+
+
+def _mask_twice_as_large(tmp: Path, runs: Runs) -> None:
+    """A mask of 24 x 20 for an image of 12 x 10, each class pixel a 2 x 2 block: resized, it is the original."""
+    root = mask_tree(tmp / "masks")
+    original = mask_folder(root)[0][1]
+    path = root / "train" / "masks" / "0.png"
+    write_mask(path, np.kron(np.asarray(Image.open(path)), np.ones((2, 2), np.uint8)))
+    assert torch.equal(mask_folder(root, mask_size="resize")[0][1], original)
+
+
+def _two_colour_mask(train: Path) -> None:
+    """An RGB mask of a red left half and a green right half, as drawn in a paint program."""
+    colours = np.zeros((10, 12, 3), np.uint8)
+    colours[:, :6, 0], colours[:, 6:, 1] = 128, 128
+    Image.fromarray(colours).save(train / "masks" / "0.png")
 
 
 def _user_set(name: str, root: Path, split: str = "train", num_samples: int | None = None, **options) -> Any:
@@ -344,6 +374,33 @@ CASES = [
          "warns", r"data\.train_samples=3: 3 of the 8 images"),
     Case("image-train-samples-too-many", "image folder", lambda t, r: folder(image_tree(t / "images"), num_samples=50),
          "warns", r"data\.train_samples=50 asks for more than the 8 images .*all 8 kept"),
+    # image masks
+    Case("mask-missing", "image masks", lambda t, r: _spoilt_masks(t, lambda train: (
+        train / "masks" / "3.png").unlink()), "warns", r"left out 1 images without a mask \(of 4\): images/3\.png"),
+    Case("mask-without-image", "image masks", lambda t, r: _spoilt_masks(t, lambda train: (
+        train / "images" / "2.png").unlink()), "warns", r"left out 1 masks without an image \(of 4\): masks/2\.png"),
+    Case("mask-size-differs", "image masks", lambda t, r: _spoilt_masks(t, lambda train: write_mask(
+        train / "masks" / "0.png", np.zeros((5, 6)))), "error",
+         r"mask .*train/masks/0\.png is 6x5 pixels, its image .*train/images/0\.png 12x10; .*mask_size: resize"),
+    Case("mask-size-resize", "image masks", _mask_twice_as_large, "reads"),
+    Case("mask-unknown-class", "image masks", lambda t, r: _spoilt_masks(t, lambda train: write_mask(
+        train / "masks" / "1.png", np.eye(10, 12) * 7)), "error",
+         r"1\.png holds the value\(s\) 7 \(first at row 0, column 0\); allowed: the classes 0 to 2 and the ignore "
+         r"value 255"),
+    Case("mask-rgb", "image masks", lambda t, r: _spoilt_masks(t, _two_colour_mask), "error",
+         r"0\.png is an RGB image of 2 colours, e\.g\. \(128, 0, 0\): save masks as palette \(P\) or grey \(L\)"),
+    Case("mask-rgb-grey", "image masks", lambda t, r: _spoilt_masks(t, lambda train: Image.new(
+        "RGB", (12, 10), (2, 2, 2)).save(train / "masks" / "0.png")), "reads"),
+    Case("mask-not-an-image", "image masks", lambda t, r: _spoilt_masks(t, lambda train: (
+        train / "masks" / "0.png").write_text("<html>")), "error",
+         r"mask .*0\.png: not an image file PIL can read; data\.options\.on_bad_image: skip"),
+    Case("mask-not-an-image-skip", "image masks", lambda t, r: _spoilt_masks(t, lambda train: (
+        train / "masks" / "0.png").write_text("<html>"), on_bad_image="skip"), "warns",
+         r"left out 1 image-mask pair\(s\) of 4 that do not read or fit"),
+    Case("mask-two-files-one-name", "image masks", lambda t, r: _spoilt_masks(t, lambda train: write_mask(
+        train / "masks" / "0.tif", np.zeros((10, 12)))), "error", r"masks/0\.(png|tif)' and .*two files for '0'"),
+    Case("mask-no-classes", "image masks", lambda t, r: mask_folder(mask_tree(t / "masks"), num_classes=None),
+         "refused", r"needs data\.options\.num_classes .*classes\.txt"),
     # FASTA
     Case("fasta-empty-record", "FASTA", lambda t, r: _fasta_with(t, lambda root: write_fasta(
         root / "train" / "at_rich.fa", {"a": "ACGT" * 5, "nothing": ""})), "warns", r"left out 1 record.*>nothing"),

@@ -332,7 +332,10 @@ def _files(folder: str, counts: Counter) -> dict[str, str]:
             if suffix.lower() not in suffixes:
                 counts[suffix.lower() or "(no suffix)"] += 1
             elif stem in found:
-                raise ValueError(f"{found[stem]!r} and {os.path.join(parent, file)!r}: two files for {stem!r}")
+                raise ValueError(
+                    f"{found[stem]!r} and {os.path.join(parent, file)!r}: two files for {stem!r} (images and masks "
+                    "are paired by name without the suffix); keep one"
+                )
             else:
                 found[stem] = os.path.join(parent, file)
     return found
