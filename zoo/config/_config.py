@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from accelerate.utils import LoggerType
+from timm.optim import list_optimizers
 
 from .._schema import bounded, show, unit_interval
+from .._validate import did_you_mean
 from ..attention import get_attention, list_attentions
 from ..attention._config import AttentionConfig
 from ..data import get_dataset, list_datasets
@@ -26,6 +28,9 @@ from ..tasks.metrics import METRICS
 __all__ = [
     "AttentionConfig",
     "DataConfig",
+    "EarlyStoppingConfig",
+    "EmaConfig",
+    "MixupConfig",
     "ModelConfig",
     "OptimConfig",
     "PretrainConfig",
@@ -165,6 +170,15 @@ class OptimConfig:
     )
     layer_decay: float | None = bounded(None, min=0, max=1, min_exclusive=True)
 
+    def problems(self) -> list[tuple[str, str]]:
+        # timm's names (timm.optim.list_optimizers()), optionally wrapped as `lookahead_<name>`
+        names = list_optimizers()
+        if self.name.lower().removeprefix("lookahead_") in names:
+            return []
+        examples = "adamw, sgd, lamb, lion, ..."
+        problem = f"unknown optimizer {self.name!r}{did_you_mean(self.name, names)}"
+        return [("name", f"{problem}; one of timm.optim.list_optimizers() ({len(names)} names: {examples})")]
+
 
 @dataclass
 class ScheduleConfig:
@@ -201,6 +215,51 @@ class PretrainConfig:
 
 
 @dataclass
+class EmaConfig:
+    """``train.ema``: an exponential moving average of the weights (timm's ``ModelEmaV3``, zoo.train._ema), updated
+    after every optimizer step, saved beside the raw weights in every checkpoint (``model_ema.safetensors``)."""
+
+    # the weight of the average at each step once warmed up: ema = decay * ema + (1 - decay) * weights
+    decay: float = bounded(0.999, min=0, max=1, min_exclusive=True, max_exclusive=True)
+    # timm's warm-up: optimizer step t (from 1) uses min(decay, 1 - t ** -warmup_power), so early steps average over
+    # few weights; false: decay from step 2 on. Step 1 copies the weights either way.
+    warmup: bool = True
+    warmup_power: float = bounded(0.75, min=0, min_exclusive=True)
+    # the weights that validation scores, checkpoints/best is chosen by, and zoo.load_model / tools/eval.py load:
+    # ema or raw (the optimizer's own)
+    evaluate: Literal["ema", "raw"] = "ema"
+
+
+@dataclass
+class MixupConfig:
+    """``train.mixup``: timm's ``Mixup`` (mixup and CutMix on the training batch, soft targets) with
+    ``SoftTargetCrossEntropy`` (zoo.train._mixup); ``train.label_smoothing`` smooths the soft targets. Images and
+    one class per sample only."""
+
+    # Beta(alpha, alpha) of mixup's blend (0: no mixup)
+    mixup_alpha: float = bounded(0.8, min=0)
+    # Beta(alpha, alpha) of CutMix's box area (0: no CutMix)
+    cutmix_alpha: float = bounded(1.0, min=0)
+    # the share of batches that are mixed at all
+    prob: float = bounded(1.0, min=0, max=1)
+    # with both alphas set: the share of mixed batches that use CutMix rather than mixup
+    switch_prob: float = bounded(0.5, min=0, max=1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if not self.mixup_alpha and not self.cutmix_alpha:
+            return [("mixup_alpha", "mixup_alpha or cutmix_alpha must be > 0 (else leave train.mixup out), got both 0")]
+        return []
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """``train.early_stopping``: stop once the validation score that picks checkpoints/best (the task's selection
+    metric) has not improved for ``patience`` evaluations in a row."""
+
+    patience: int = bounded(5, min=1)
+
+
+@dataclass
 class TrainConfig:
     epochs: int = bounded(10, min=1)
     max_steps: int | None = bounded(None, min=1)
@@ -232,6 +291,15 @@ class TrainConfig:
     # torch.compile's modes (true: 'default'). The first step's time, which includes compiling, and the steady step
     # time go into train.log and train_summary.json (first_step_s, step_s, compile_s); samples/s leaves it out.
     compile: Literal[COMPILE_CHOICES] = False
+    # an exponential moving average of the weights (null: none); see EmaConfig
+    ema: EmaConfig | None = None
+    # mixup / CutMix of training images (null: none); see MixupConfig
+    mixup: MixupConfig | None = None
+    # stop when validation stops improving (null: run every epoch); see EarlyStoppingConfig
+    early_stopping: EarlyStoppingConfig | None = None
+    # true: accelerate's set_seed(seed, deterministic=True), torch's deterministic algorithms (an op without one
+    # raises); the same recipe and seed then give the same weights on the same machine
+    deterministic: bool = False
 
     @property
     def compile_mode(self) -> str | None:
@@ -275,7 +343,23 @@ class Recipe:
         if self.train.label_smoothing and not task.label_smoothing:
             users = [name for name in list_tasks() if get_task(name).label_smoothing]
             problems.append(("train.label_smoothing", f"only task {_names(users)} uses it, got task {self.task!r}"))
-        return problems + self._pretrain_problems()
+        return problems + self._pretrain_problems() + self._train_option_problems()
+
+    def _train_option_problems(self) -> list[tuple[str, str]]:
+        """train.mixup mixes images of one class each; train.ema keeps a whole copy of the weights (not sharded);
+        train.early_stopping needs a validation split to watch."""
+        cfg, task = self.train, get_task(self.task)
+        domain = get_dataset(self.data.name).kind
+        if cfg.mixup is not None and (domain != "image" or not (task.pooled and task.label_smoothing)):
+            problem = "mixes images of one class each: needs image data and a one-class-per-sample task"
+            return [("train.mixup", f"{problem}, got data.name {self.data.name!r} ({domain}) and task {self.task!r}")]
+        if cfg.mixup is not None and self.data.batch_size % 2:
+            return [("data.batch_size", f"must be even under train.mixup (timm's Mixup), got {self.data.batch_size}")]
+        if cfg.ema is not None and cfg.distributed != "ddp":
+            return [("train.ema", f"averages whole weights: needs train.distributed 'ddp', got {cfg.distributed!r}")]
+        if cfg.early_stopping is not None and not cfg.validate:
+            return [("train.early_stopping", "watches the validation score: needs train.validate true, got false")]
+        return []
 
     def _pretrain_problems(self) -> list[tuple[str, str]]:
         """Self-pretraining predicts tokens: token inputs, a task that is not token prediction already, and an

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._validate import unknown_name
 from .._weights import WEIGHTS_NAME, check_state_dict, read_weights
-from .checkpoints import check_recipe, fill_tied_weights, find_checkpoint, usable_checkpoint, verify_checkpoint
+from .checkpoints import (
+    EMA_WEIGHTS_NAME,
+    check_recipe,
+    fill_tied_weights,
+    find_checkpoint,
+    usable_checkpoint,
+    verify_checkpoint,
+)
 from .runs import MODEL_FILE, RECIPE_FILE, read_description
 
 if TYPE_CHECKING:
@@ -135,12 +142,27 @@ def resolve_run(
         check_recipe(manifest, recipe, located.folder, str(recipe_path))
     if not located.weights.is_file():
         raise FileNotFoundError(f"checkpoint weights {located.weights} do not exist")
+    if not source.is_file() and not Path(checkpoint).expanduser().is_file():
+        located = _evaluated_weights(located, recipe)
     description = read_description(located.home)
     if description is None:
         raise FileNotFoundError(
             f"{located.home / MODEL_FILE} does not exist: is {located.home} a run of tools/train.py?"
         )
     return RunWeights(located.home, recipe, description, located.weights, located.folder, manifest)
+
+
+def _evaluated_weights(located: _Located, recipe: Recipe) -> _Located:
+    """The weights a run evaluated, for a run or checkpoint folder (a weights file named by path is read as it is):
+    under `train.ema.evaluate: ema` the checkpoint's moving average (`model_ema.safetensors`) in place of its
+    `model.safetensors`."""
+    ema = recipe.train.ema
+    if ema is None or ema.evaluate != "ema" or located.folder is None:
+        return located
+    averaged = located.folder / EMA_WEIGHTS_NAME
+    if not averaged.is_file():
+        raise FileNotFoundError(f"{located.folder} holds no {EMA_WEIGHTS_NAME}, which train.ema.evaluate 'ema' reads")
+    return dataclasses.replace(located, weights=averaged)
 
 
 def load_checked(model: nn.Module, weights: Path) -> None:

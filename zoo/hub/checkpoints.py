@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..config import Recipe
 
 __all__ = [
+    "EMA_WEIGHTS_NAME",
     "MANIFEST_NAME",
     "CheckpointError",
     "check_checkpoint_weights",
@@ -47,6 +48,8 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
+# train.ema's moving average of the weights, beside accelerate's model.safetensors (zoo.train._ema)
+EMA_WEIGHTS_NAME = "model_ema.safetensors"
 _LFS_POINTER = b"version https://git-lfs.github.com/spec/"
 _FORMAT = 1
 # Recipe keys under `model` that change neither the weights' shapes nor what they compute: a checkpoint may be
