@@ -181,3 +181,22 @@ def test_class_names_from_the_options_or_classes_txt(tmp_path):
 def test_options_that_disagree_are_refused_naming_the_key(tmp_path, options, match):
     with pytest.raises(ValueError, match=match):
         build(mask_tree(tmp_path / "set"), **options)
+
+
+def test_the_most_frequent_class_baseline_scores_as_torchmetrics_does(tmp_path):
+    """Class 2 is the most frequent in train; val's masks hold classes 0 and 2 (and ignored pixels) of 4."""
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
+
+    rng = np.random.default_rng(6)
+    for split, choices in (("train", [0, 1, 2, 2, 2]), ("val", [0, 0, 2, 255])):
+        for k in range(3):
+            write_pair(tmp_path / split, f"{k}", rng.choice(choices, (18, 18)).astype(np.uint8))
+    train, val = build(tmp_path, "train", num_classes=4), build(tmp_path, "val", num_classes=4)
+    masks = torch.stack([val[index][1] for index in range(len(val))])
+    guess = torch.full_like(masks, 2)
+    expected = {
+        "miou": MulticlassJaccardIndex(4, average="macro", ignore_index=IGNORE_INDEX)(guess, masks).item(),
+        "pixel_accuracy": MulticlassAccuracy(4, average="micro", ignore_index=IGNORE_INDEX)(guess, masks).item(),
+    }
+    scores = val.baselines(train)["most_frequent_class"]
+    assert scores == pytest.approx(expected, abs=1e-6) and 0.3 < scores["pixel_accuracy"] < 0.45

@@ -304,6 +304,26 @@ class MaskFolderDataset(Dataset):
             )
         return [sample for sample, text in zip(samples, problems, strict=True) if text is None]
 
+    def baselines(self, train_set: MaskFolderDataset | None = None) -> dict[str, dict[str, float]]:
+        """The most-frequent-class rule: every pixel of this split predicted the class most frequent in the training
+        masks (`train_set`'s files, else this split's). Scored on this split's masks as the model sees them (after
+        the evaluation crop): its IoU is that class's share of the labelled pixels and 0 for every other class
+        present, so its mIoU (macro over the classes present, as the ``miou`` metric takes it) is the share over the
+        classes present (that class included); its pixel accuracy is the share."""
+        reference = train_set if train_set is not None else self
+        train_counts = np.zeros(self.num_classes, dtype=np.int64)
+        for _, mask_path in reference.samples:
+            mask = read_mask(mask_path)
+            train_counts += np.bincount(mask[mask < self.num_classes].ravel(), minlength=self.num_classes)
+        majority = int(train_counts.argmax())
+        counts = np.zeros(self.num_classes, dtype=np.int64)
+        for index in range(len(self)):
+            mask = self[index][1].numpy()
+            counts += np.bincount(mask[mask != IGNORE_INDEX].ravel(), minlength=self.num_classes)
+        share = float(counts[majority] / max(counts.sum(), 1))
+        present = int((counts > 0).sum()) + int(counts[majority] == 0)
+        return {"most_frequent_class": {"miou": share / present, "pixel_accuracy": share}}
+
     def __len__(self) -> int:
         return len(self.samples)
 
