@@ -70,9 +70,10 @@ def main() -> None:
             )
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     Trainer(recipe, run_dir, resume=resume or False).fit()
-    end_processes()
     if args.test:
         print("\n".join(evaluation_lines(*save_evaluation(run_dir, split="test"))))
+    # a launcher's process exits here, with status 0
+    end_processes()
 
 
 if __name__ == "__main__":

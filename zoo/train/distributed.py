@@ -34,6 +34,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,11 +166,24 @@ def build_accelerator(
 
 
 def end_processes() -> None:
-    """Leave the process group a launcher (torchrun, accelerate launch) started, once a run ended well. Left to the
-    interpreter's exit, gloo's threads are destroyed still running and a process that finished its run aborts
-    ("terminate called without an active exception"), failing the launch. A failed run skips it: its peers may be
-    waiting in a collective, and the launcher ends them."""
+    """End a process of a distributed run (a launcher's: torchrun, accelerate launch) that finished well, with exit
+    status 0; without a process group, return.
+
+    Every process waits for the others, leaves the process group, flushes its logs and output, then exits at once
+    (`os._exit`), skipping the interpreter's teardown. Leaving the group does not stop gloo's threads (its loop and
+    work threads stay alive: a sharded model's DTensors keep the device mesh, and so the group, referenced from
+    torch's caches), and a C++ thread that takes the GIL while the interpreter is torn down is ended mid-call, which
+    aborts the process ("terminate called without an active exception", SIGABRT) after its last checkpoint: the
+    launch fails, as it did in CI. A failed run does not come here: its peers may be waiting in a collective, and
+    the launcher ends them. The last call of a tool: nothing after it runs."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
     PartialState().destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _shard_on_cpu(accelerator: Accelerator, plugin: FullyShardedDataParallelPlugin) -> None:
