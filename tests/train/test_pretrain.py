@@ -9,7 +9,7 @@ from zoo.config import RecipeError, recipe_from_dict
 from zoo.models import create_sequence_model
 from zoo.train import loop as engine
 from zoo.train.loop import Trainer
-from zoo.train.self_pretrain import TokenPredictor, causal_lm_loss, draw_mask, masked_lm_loss
+from zoo.train.self_pretrain import PretrainObjective, TokenPredictor, causal_lm_loss, draw_mask, masked_lm_loss
 
 VOCAB = 11
 
@@ -134,12 +134,13 @@ def spy_pretrain(monkeypatch) -> list[dict]:
 
 
 def spy_first_batch(monkeypatch) -> list[dict]:
-    """Record the weights that the first fine-tuning batch sees."""
+    """Record the weights that the first fine-tuning batch sees (pretraining is a Trainer run too: its batches are
+    not the fine-tuning's)."""
     seen = []
     real = Trainer._train_batch
 
     def spy(self, batch):
-        if not seen:
+        if not seen and not isinstance(self.objective, PretrainObjective):
             seen.append(weights(self.accelerator.unwrap_model(self.model)))
         return real(self, batch)
 
@@ -177,7 +178,12 @@ def stop(*args, **kwargs):
 def test_resume_after_pretraining_does_not_pretrain_again(tmp_path, monkeypatch):
     pretrained = spy_pretrain(monkeypatch)
     # a crash at the first fine-tuning batch, after the checkpoint of the pretrained weights
-    monkeypatch.setattr(Trainer, "_train_batch", stop)
+    real = Trainer._train_batch
+
+    def stop_fine_tuning(self, batch):
+        return real(self, batch) if isinstance(self.objective, PretrainObjective) else stop()
+
+    monkeypatch.setattr(Trainer, "_train_batch", stop_fine_tuning)
     with pytest.raises(Stop):
         trainer(tiny_recipe(steps=2), tmp_path / "run").fit()
     assert len(pretrained) == 1

@@ -18,7 +18,9 @@ crash never leaves a partial checkpoint where a good one was.
 
 The evaluation loop is `zoo.train.eval_loop` (`evaluate_loader`, re-exported here), what a run reports (tracker,
 progress bar, `metrics.jsonl`) `zoo.train._tracking`, `train.compile` (torch.compile through accelerate, checkpoints
-under the plain model's keys) `zoo.train._compile`.
+under the plain model's keys) `zoo.train._compile`. What a run optimises is an objective (`zoo.train._objective`):
+the task's loss by default; self-pretraining (`zoo.train.self_pretrain`) and conversion (`zoo.convert`) run through
+this class with their own objective and model, and nothing else of theirs.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._validate import first_line
 from ..attention import on_optimizer_step
-from ..attention._registry import auxiliary_loss
 from ..config import Recipe, save_recipe
 from ..data import DataContext, build_dataset, collate_for, get_dataset
 from ..hub.checkpoints import (
@@ -59,6 +60,7 @@ from ..hub.checkpoints import (
 from ..hub.runs import copy_run_files, describe_model, write_description
 from ..kinds import build_model, get_model_kind, sizes_of
 from ._compile import StepTimes, dynamo_plugin, plain_state_dict_keys
+from ._objective import Objective, TaskObjective
 from ._schedule import build_scheduler
 from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
 from .distributed import build_accelerator, is_sharded, local_shard, replica_mismatches, save_checkpoint, sync_buffers
@@ -181,8 +183,18 @@ def _too_few_samples(recipe: Recipe, samples: int, processes: int) -> str:
 class Trainer:
     """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
 
-    def __init__(self, recipe: Recipe, run_dir: Path, *, resume: bool | str = False) -> None:
-        """`resume`: False, True (from `checkpoints/last`) or the checkpoint to continue from, `last` or `best`."""
+    def __init__(
+        self,
+        recipe: Recipe,
+        run_dir: Path,
+        *,
+        resume: bool | str = False,
+        model: nn.Module | None = None,
+        objective: Objective | None = None,
+    ) -> None:
+        """`resume`: False, True (from `checkpoints/last`) or the checkpoint to continue from, `last` or `best`.
+        `model`: the model to train in place (default: the one the recipe builds); `objective`: its loss and the module
+        that trains (default: the task's loss on the model, `zoo.train._objective`)."""
         self.recipe, self.run_dir = recipe, Path(run_dir)
         self.resume = _resume_from(resume)
         cfg = recipe.train
@@ -201,21 +213,24 @@ class Trainer:
         set_seed(recipe.seed)
         self.kind = get_model_kind(recipe.model.kind)
         self.task = self.kind.task(recipe)
+        self.objective = objective or TaskObjective(self.kind, self.task, label_smoothing=cfg.label_smoothing)
         train_set = build_split(recipe, "train")
         # train.validate false: no validation split is read, the last evaluation's weights are the best
         val_set = build_split(recipe, "val") if cfg.validate else None
         # the run's sizes, read once: every model of the run is built from them (runs/NAME/model.json)
         sizes = sizes_of(recipe, train_set)
         self.num_classes = self.task.num_outputs(sizes)
-        model = self.kind.build(recipe, sizes, self.task)
+        model = self.kind.build(recipe, sizes, self.task) if model is None else model
         # what rebuilds the model without the data (zoo.load_model)
         self.description = describe_model(recipe, train_set, self.task, sizes)
         # self-pretraining (zoo.train.self_pretrain) once, before step 0; a resumed run loads its result instead
         pretrained = cfg.pretrain is not None and not self.resume
         if pretrained:
-            pretrain(recipe, model, build_loader(recipe, train_set, True), self.accelerator, self.run_dir)
+            # a run of its own through this class (passed in: zoo.train.self_pretrain sits below it)
+            pretrain(recipe, model, self.run_dir, Trainer)
+        module = self.objective.module(model)
         optimizer = create_optimizer_v2(
-            model,
+            module,
             opt=recipe.optim.name,
             lr=recipe.optim.lr,
             weight_decay=recipe.optim.weight_decay,
@@ -223,7 +238,7 @@ class Trainer:
             betas=tuple(recipe.optim.betas),
         )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
-            model, optimizer, build_loader(recipe, train_set, True)
+            module, optimizer, build_loader(recipe, train_set, True)
         )
         # the model without the wrappers prepare put around it (DDP, torch.compile's OptimizedModule, whose attribute
         # lookups fall through to the model): its state's keys are the checkpoint's, its modules the attention's
@@ -231,6 +246,7 @@ class Trainer:
         # a compiled model's checkpoints under the plain model's keys, without `_orig_mod.`
         if not is_sharded(self.accelerator):
             plain_state_dict_keys(self.model)
+        self.objective.setup(self.accelerator, self.model)
         self.val_loader = None if val_set is None else self.accelerator.prepare(build_loader(recipe, val_set, False))
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
@@ -381,12 +397,9 @@ class Trainer:
         """One forward/backward; an optimizer step once `grad_accum_steps` batches are in, unless one of their losses
         was not finite (`_step_is_finite`: read on the host once per step, where gradients synchronise)."""
         acc, cfg = self.accelerator, self.recipe.train
-        targets, mask = self.task.targets(batch)
         with acc.accumulate(self.model):
             with acc.autocast():
-                outputs = self.model(*self.kind.inputs(batch))
-                loss = self.task.loss(outputs, targets, mask, label_smoothing=cfg.label_smoothing)
-                loss = loss + auxiliary_loss(self.plain_model)
+                loss = self.objective.loss(self.model, batch)
             self._count_nonfinite(loss)
             acc.backward(loss)
             if acc.sync_gradients and not self._step_is_finite():
@@ -470,6 +483,7 @@ class Trainer:
             "train_loss": train_loss,
             "lr": self._lr(),
             "samples_per_s": samples_per_s,
+            **self.objective.metrics(self.accelerator),
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
         log_eval(self.accelerator, self.run_dir, record)

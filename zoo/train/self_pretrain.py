@@ -11,8 +11,10 @@ causal`` predicts every next token with ``is_causal`` through the backbone. The 
 are trained in place, under a token-prediction head of their own; the head and the [MASK] entry are then dropped,
 so the model that fine-tunes (and every checkpoint of it) has exactly the shape it has without pretraining.
 
-``zoo.train.loop.Trainer`` runs ``pretrain`` once, before step 0, and records it in the train state of the checkpoint it
-writes right after; a resumed run loads that checkpoint and never pretrains again.
+``zoo.train.loop.Trainer`` runs ``pretrain`` once, before step 0: a run of its own through the Trainer into
+``<run>/pretrain`` (the recipe's optimizer, schedule, precision and distribution; ``PretrainObjective`` its only
+difference), then records it in the train state of the checkpoint it writes right after; a resumed run loads that
+checkpoint and never pretrains again.
 
 Letter legend: b - batch, n - tokens, d - model dim, v - vocabulary.
 """
@@ -20,30 +22,35 @@ Letter legend: b - batch, n - tokens, d - model dim, v - vocabulary.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from timm.optim import create_optimizer_v2
-from timm.scheduler import CosineLRScheduler
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
-from ..attention import get_attention, on_optimizer_step
+from ..attention import get_attention
 from ..attention._registry import auxiliary_loss
-from .distributed import sync_buffers
+from ._objective import Objective, objective_recipe
 
 if TYPE_CHECKING:
     from ..config import Recipe
     from ..config._config import PretrainConfig
     from ..models.sequence import SequenceModel
 
-__all__ = ["OBJECTIVES", "TokenPredictor", "causal_lm_loss", "draw_mask", "masked_lm_loss", "pretrain"]
+__all__ = [
+    "OBJECTIVES",
+    "PretrainObjective",
+    "TokenPredictor",
+    "causal_lm_loss",
+    "draw_mask",
+    "masked_lm_loss",
+    "pretrain",
+    "pretrain_recipe",
+]
 
 OBJECTIVES = ("mlm", "causal")
 
@@ -133,83 +140,76 @@ def _frozen(module: nn.Module | None) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-def pretrain(
-    recipe: Recipe, model: SequenceModel, loader: DataLoader, accelerator: Accelerator, run_dir: Path | None = None
-) -> list[dict]:
-    """Train `model`'s embedding and backbone in place on `recipe.train.pretrain`'s objective over `loader` (the
-    training split: inputs only, labels unused). Returns one record per epoch (also `run_dir/pretrain.jsonl`).
-
-    Optimizer and clipping are the recipe's (`optim`, `train.clip_grad`, `train.grad_accum_steps`); the rate is
-    `pretrain.lr` (default `optim.lr`), warmed up over `pretrain.warmup_steps`, then cosine to `schedule.min_lr`.
-    What this prepares is released from `accelerator` afterwards (`free_memory`): call it before preparing the
-    fine-tuning objects.
+def pretrain(recipe: Recipe, model: SequenceModel, run_dir: Path, trainer: Callable[..., Any]) -> list[dict]:
+    """Train `model`'s embedding and backbone in place on `recipe.train.pretrain`'s objective (the training split:
+    inputs only, labels unused), as a run of `trainer` (`zoo.train.loop.Trainer`, passed in: this module sits below
+    it) into `run_dir/pretrain`, with everything a run has (the recipe's optimizer and layer decay, its schedule
+    warmed up over `pretrain.warmup_steps`, clipping, accumulation, mixed precision, ddp / fsdp, non-finite handling,
+    checkpoints, trackers) and `pretrain_recipe`'s settings. Returns one record per epoch (also
+    `run_dir/pretrain.jsonl`). Call it before preparing the fine-tuning objects: what its run prepared is released.
     """
-    cfg, optim = recipe.train.pretrain, recipe.optim
-    predictor = TokenPredictor(model, causal=cfg.objective == "causal")
-    total = _total_steps(cfg, len(loader) // recipe.train.grad_accum_steps)
-    records: list[dict] = []
+    objective = PretrainObjective(recipe.train.pretrain)
+    folder = Path(run_dir) / "pretrain"
     with _frozen(model.backbone.attn_pool):
-        optimizer = create_optimizer_v2(
-            predictor, opt=optim.name, lr=cfg.lr or optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas)
-        )
-        scheduler = CosineLRScheduler(
-            optimizer,
-            t_initial=total,
-            lr_min=recipe.schedule.min_lr,
-            warmup_t=cfg.warmup_steps,
-            warmup_lr_init=recipe.schedule.warmup_lr,
-            t_in_epochs=False,
-        )
-        prepared, optimizer, loader = accelerator.prepare(predictor, optimizer, loader)
-        step, epoch = 0, 0
-        while step < total:
-            loader.set_epoch(epoch)
-            record, step = _epoch(recipe, prepared, optimizer, scheduler, loader, accelerator, step, total)
-            epoch += 1
-            records.append({"pretrain_epoch": epoch, "pretrain_step": step, **record})
-            accelerator.print("pretrain " + " ".join(f"{k}={v:.4g}" for k, v in records[-1].items()))
-        accelerator.free_memory()
-    if run_dir is not None and accelerator.is_main_process:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        run = trainer(pretrain_recipe(recipe), folder, model=model, objective=objective)
+        run.fit()
+        run.accelerator.free_memory()
+    records = [_record(json.loads(line)) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    if run.accelerator.is_main_process:
         (Path(run_dir) / "pretrain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
 
 
-def _total_steps(cfg: PretrainConfig, steps_per_epoch: int) -> int:
-    if steps_per_epoch == 0:
-        raise ValueError("data.batch_size x train.grad_accum_steps exceeds the training samples: nothing to pretrain")
-    planned = [n for n in (cfg.epochs and cfg.epochs * steps_per_epoch, cfg.steps) if n]
-    return min(planned)
+def pretrain_recipe(recipe: Recipe) -> Recipe:
+    """The recipe of the pretraining run: `train.pretrain`'s length, rate (default `optim.lr`) and warm-up in the
+    recipe's optimizer and schedule, one record and checkpoint per epoch, no validation (nothing to score)."""
+    cfg = recipe.train.pretrain
+    # with steps only, as many epochs as steps: train.max_steps ends the run
+    train = {"pretrain": None, "validate": False, "epochs": cfg.epochs or cfg.steps, "max_steps": cfg.steps}
+    return objective_recipe(
+        recipe,
+        f"{recipe.name}_pretrain",
+        train={**train, "eval_every_epochs": 1},
+        optim={"lr": cfg.lr or recipe.optim.lr},
+        schedule={"warmup_steps": cfg.warmup_steps},
+    )
 
 
-def _epoch(recipe, predictor, optimizer, scheduler, loader, accelerator, step: int, total: int) -> tuple[dict, int]:
-    """One pass over `loader` (or up to step `total`): the mean loss, token accuracy and samples/s, and the step."""
-    cfg = recipe.train
-    predictor.train()
-    sums, samples, start = torch.zeros(3, device=accelerator.device), 0, time.perf_counter()
-    for batch in loader:
-        with accelerator.accumulate(predictor):
-            with accelerator.autocast():
-                loss, correct, count = _batch_loss(predictor, batch, recipe.train.pretrain)
-                total_loss = loss + auxiliary_loss(predictor)
-            accelerator.backward(total_loss)
-            if accelerator.sync_gradients and cfg.clip_grad:
-                accelerator.clip_grad_norm_(predictor.parameters(), cfg.clip_grad)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        sums += torch.stack([loss.detach() * count, correct, count]).float()
-        samples += len(batch["tokens"]) * accelerator.num_processes
-        if not accelerator.sync_gradients:
-            continue
-        step += 1
-        scheduler.step_update(step)
-        on_optimizer_step(predictor)
-        sync_buffers(predictor)  # process 0's buffers, as after a training step (zoo.train.distributed)
-        if step >= total:
-            break
-    loss_sum, correct, count = accelerator.reduce(sums, "sum").tolist()
-    rate = samples / max(time.perf_counter() - start, 1e-9)
-    return {"loss": loss_sum / max(count, 1), "token_top1": correct / max(count, 1), "samples_per_s": rate}, step
+def _record(evaluation: dict) -> dict:
+    """A record of pretrain.jsonl from the pretraining run's evaluation record (metrics.jsonl)."""
+    return {
+        "pretrain_epoch": evaluation["epoch"],
+        "pretrain_step": evaluation["step"],
+        "loss": evaluation["train_loss"],
+        "token_top1": evaluation.get("token_top1"),
+        "samples_per_s": evaluation["samples_per_s"],
+    }
+
+
+class PretrainObjective(Objective):
+    """The loss of `pretrain`'s run: mlm or causal token prediction through a `TokenPredictor` around the model,
+    plus the attention's auxiliary loss; the token accuracy is reported with each evaluation record."""
+
+    def __init__(self, cfg: PretrainConfig) -> None:
+        self.cfg = cfg
+        # [correct, scored] since the last record, on the device
+        self._sums: Tensor | None = None
+
+    def module(self, model: nn.Module) -> nn.Module:
+        return TokenPredictor(model, causal=self.cfg.objective == "causal")
+
+    def loss(self, module: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+        loss, correct, count = _batch_loss(module, batch, self.cfg)
+        seen = torch.stack([correct, count]).float()
+        self._sums = seen if self._sums is None else self._sums + seen
+        return loss + auxiliary_loss(module)
+
+    def metrics(self, accelerator: Accelerator) -> dict[str, float]:
+        sums, self._sums = self._sums, None
+        if sums is None:
+            return {}
+        correct, count = accelerator.reduce(sums, "sum").tolist()
+        return {"token_top1": correct / max(count, 1)}
 
 
 def _batch_loss(predictor: nn.Module, batch: dict, cfg: PretrainConfig) -> tuple[Tensor, Tensor, Tensor]:
