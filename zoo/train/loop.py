@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import pickle
 import shutil
 import time
@@ -60,8 +61,11 @@ from ..hub.checkpoints import (
 from ..hub.runs import copy_run_files, describe_model, write_description
 from ..kinds import build_model, get_model_kind, sizes_of
 from ._compile import StepTimes, dynamo_plugin, plain_state_dict_keys
-from ._objective import Objective, TaskObjective
+from ._ema import ModelEma
+from ._mixup import training_objective
+from ._objective import Objective
 from ._schedule import build_scheduler
+from ._stopping import early_stop_reason
 from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
 from .distributed import build_accelerator, is_sharded, local_shard, replica_mismatches, save_checkpoint, sync_buffers
 from .eval_loop import evaluate_loader
@@ -98,6 +102,8 @@ class TrainState:
     skipped_batches: int = 0
     # train.pretrain ran (once, before step 0): a resumed run never pretrains again
     pretrained: bool = False
+    # evaluations in a row that did not beat best_metric (train.early_stopping)
+    evals_since_best: int = 0
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,16 +216,19 @@ class Trainer:
             # train.compile: accelerate's prepare compiles the model (last, around any DDP wrapper)
             dynamo_plugin=dynamo_plugin(cfg.compile_mode),
         )
-        set_seed(recipe.seed)
+        if cfg.deterministic:
+            # cuBLAS's deterministic mode needs a fixed workspace, set before its first call
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        set_seed(recipe.seed, deterministic=cfg.deterministic)
         self.kind = get_model_kind(recipe.model.kind)
         self.task = self.kind.task(recipe)
-        self.objective = objective or TaskObjective(self.kind, self.task, label_smoothing=cfg.label_smoothing)
         train_set = build_split(recipe, "train")
         # train.validate false: no validation split is read, the last evaluation's weights are the best
         val_set = build_split(recipe, "val") if cfg.validate else None
         # the run's sizes, read once: every model of the run is built from them (runs/NAME/model.json)
         sizes = sizes_of(recipe, train_set)
         self.num_classes = self.task.num_outputs(sizes)
+        self.objective = objective or training_objective(self.kind, self.task, cfg, self.num_classes)
         model = self.kind.build(recipe, sizes, self.task) if model is None else model
         # what rebuilds the model without the data (zoo.load_model)
         self.description = describe_model(recipe, train_set, self.task, sizes)
@@ -246,6 +255,8 @@ class Trainer:
         # a compiled model's checkpoints under the plain model's keys, without `_orig_mod.`
         if not is_sharded(self.accelerator):
             plain_state_dict_keys(self.model)
+        # train.ema: the moving average of the plain model's weights, beside it on its device
+        self.ema = ModelEma(self.plain_model, cfg.ema) if cfg.ema is not None else None
         self.objective.setup(self.accelerator, self.model)
         self.val_loader = None if val_set is None else self.accelerator.prepare(build_loader(recipe, val_set, False))
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
@@ -290,6 +301,8 @@ class Trainer:
         if self.is_main:
             (tmp / "meta.json").write_text(json.dumps(self.state.state_dict()))
             copy_run_files(self.run_dir, tmp)
+            if self.ema is not None:
+                self.ema.save(tmp)
             # last: a folder with a manifest was written to the end
             write_manifest(tmp, model=model_identity(self.recipe), state=self.state.state_dict())
             replace_dir(tmp, tmp.with_name(which))
@@ -312,6 +325,8 @@ class Trainer:
             self.accelerator.load_state(str(checkpoint))
         except (OSError, EOFError, RuntimeError, pickle.UnpicklingError) as error:
             raise CheckpointError(f"{checkpoint}: cannot load the training state: {first_line(error)}") from error
+        if self.ema is not None:
+            self.ema.load(checkpoint)
         if self.recipe.train.pretrain is not None and not self.state.pretrained:
             raise CheckpointError(f"{checkpoint} was trained without train.pretrain, which the recipe asks for")
         self.accelerator.print(f"resumed from {checkpoint} at step {self.state.step}, epoch {self.state.epoch}")
@@ -334,6 +349,11 @@ class Trainer:
             due = self.state.epoch % self.recipe.train.eval_every_epochs == 0 or self.state.step >= self.total_steps
             if due or not epoch_done:
                 last_eval = self._evaluate_and_checkpoint(train_loss, samples_per_s)
+                stop = early_stop_reason(self.recipe.train.early_stopping, self.state.evals_since_best, self.selection)
+                if stop is not None:
+                    _logger.info(stop)
+                    self.accelerator.print(stop)
+                    break
         self._finish(last_eval)
         return last_eval
 
@@ -367,6 +387,8 @@ class Trainer:
             self.scheduler.step_update(self.state.step)
             on_optimizer_step(self.plain_model)
             self._sync_replicas()
+            if self.ema is not None:
+                self.ema.update(self.plain_model, self.state.step)
             if self.step_times.add(time.perf_counter() - tick, samples):
                 self._log_first_step()
             samples = 0
@@ -493,6 +515,7 @@ class Trainer:
         else:
             score = metrics[self.selection] if self.higher_is_better else -metrics[self.selection]
             improved = score > self.state.best_metric
+            self.state.evals_since_best = 0 if improved else self.state.evals_since_best + 1
             self.state.best_metric = max(score, self.state.best_metric)
         if improved:
             # best first: a crash before `last` is replaced resumes before this evaluation and repeats it, where
@@ -507,8 +530,10 @@ class Trainer:
         """The validation split's metrics; none under train.validate false."""
         if self.val_loader is None:
             return {}
+        ema = self.recipe.train.ema
         return evaluate_loader(
-            self.model,
+            # train.ema.evaluate ema: the average is scored, and so picks checkpoints/best
+            self.ema.module if self.ema is not None and ema.evaluate == "ema" else self.model,
             self.val_loader,
             self.accelerator,
             task=self.task,
