@@ -17,7 +17,7 @@ from ..attention._config import AttentionConfig
 from ..data._interface import split_attribute
 from ..data._sizes import ModelSizes, plain
 from ..models import create_model
-from ..tasks import Task
+from ..tasks import Task, get_task, list_tasks
 from ._base import KindOptions, ModelKind, register_model_kind
 
 if TYPE_CHECKING:
@@ -53,6 +53,10 @@ class ViTOptions(KindOptions):
     pretrained_file: str | None = None
     # extra keyword arguments for timm's VisionTransformer
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    # task segmentation only (zoo.models.segmentation): linear (Segmenter's linear decoder) or pyramid (ViTDet's
+    # simple feature pyramid, decoder_channels per level)
+    decoder: Literal["linear", "pyramid"] = "linear"
+    decoder_channels: int = field(default=128, metadata={"min": 1})
 
     def problems(self) -> list[tuple[str, str]]:
         problems = []
@@ -81,6 +85,22 @@ class ViTOptions(KindOptions):
             f"{' or '.join(map(str, near))}, or set model.dynamic_img_size: true"
         )
         return [("img_size", problem)]
+
+
+def _unused_task_options(recipe: Recipe) -> list[tuple[str, str]]:
+    """Options only some tasks read (a task's `model_options`, e.g. segmentation's decoder) must keep their
+    defaults under another task, so that no setting is silently ignored."""
+    defaults, problems = ViTOptions(), []
+    for name in ("decoder", "decoder_channels"):
+        users = [task for task in list_tasks() if name in get_task(task).model_options]
+        value = getattr(recipe.model.options, name)
+        if value != getattr(defaults, name) and recipe.task not in users:
+            problem = f"only task {', '.join(map(repr, users))} uses it (task is {recipe.task!r})"
+            problems.append((f"model.{name}", f"{problem}; leave it at {getattr(defaults, name)!r}, got {value!r}"))
+    if "decoder" in get_task(recipe.task).model_options and recipe.model.reversible:
+        problem = f"task {recipe.task!r}'s decoder reads the blocks one at a time, which reversible couplings do not"
+        problems.append(("model.reversible", f"{problem} allow; got true"))
+    return problems
 
 
 def _attribute(train_set: Dataset, name: str, default: Any) -> Any:
@@ -153,6 +173,8 @@ register_model_kind(
         lambda batch: (batch["image"],),
         options=ViTOptions,
         describe=_describe_vit,
+        task_section=lambda recipe: recipe.model.options,
+        recipe_problems=_unused_task_options,
         data_context=lambda options: {
             "img_size": options.img_size,
             "in_chans": options.in_chans,

@@ -254,8 +254,13 @@ def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> Zo
     out_indices = kwargs.pop("out_indices", 3)
     # A feature extractor is wrapped once its weights are in: timm loads those itself, through the same filter.
     features = bool(kwargs.get("features_only"))
+    if features and reversible:
+        raise ValueError(
+            "features_only=True takes the blocks' outputs one at a time (forward_intermediates), which reversible "
+            "couplings do not allow: build the feature extractor with reversible=False"
+        )
     model = build_model_with_cfg(
-        ReversibleVisionTransformer if reversible else ZooVisionTransformer,
+        _vit_class(reversible, dense="decoder" in kwargs),
         variant,
         pretrained and features,
         pretrained_filter_fn=checkpoint_filter_fn,
@@ -271,6 +276,21 @@ def _create_zoo_vit(variant: str, pretrained: bool = False, **kwargs: Any) -> Zo
     else:
         _report_own_input(model)
     return model
+
+
+def _vit_class(reversible: bool, dense: bool) -> type[ZooVisionTransformer]:
+    """The class `_create_zoo_vit` builds: with `decoder=` a segmentation model (`zoo.models.segmentation`), which
+    reads the blocks one at a time and so cannot be reversible."""
+    if not dense:
+        return ReversibleVisionTransformer if reversible else ZooVisionTransformer
+    if reversible:
+        raise ValueError(
+            "a segmentation model (decoder=...) reads the blocks one at a time (forward_intermediates), which "
+            "reversible couplings do not allow: build it with reversible=False"
+        )
+    from .segmentation import SegmentationViT  # it imports this module
+
+    return SegmentationViT
 
 
 def _load_pretrained_weights(model: ZooVisionTransformer) -> None:
@@ -423,7 +443,8 @@ def _adapt(state: dict[str, torch.Tensor], model: VisionTransformer, source: str
         del state[key]
     missing = [k for k in target if k not in state]
     missing_extra = [k for k in missing if _is_attention_extra(k)]
-    bad_missing = [k for k in missing if k not in missing_extra and k not in dropped]
+    # a segmentation decoder (zoo.models.segmentation) is new to any classification checkpoint
+    bad_missing = [k for k in missing if k not in missing_extra and k not in dropped and not k.startswith("decoder.")]
     unexpected = [k for k in state if k not in target]
     if unexpected or bad_missing:
         raise WeightsError(

@@ -29,6 +29,7 @@ from .forecast import Forecast
 from .token_classification import TokenClassification
 from .causal_lm import CausalLanguageModelling
 from .causal_token_classification import CausalTokenClassification
+from .segmentation import Segmentation
 
 # isort: on
 from ..data._interface import IGNORE_INDEX
@@ -41,6 +42,7 @@ __all__ = [
     "Classification",
     "Forecast",
     "HeadSpec",
+    "Segmentation",
     "Task",
     "TokenClassification",
     "get_task",

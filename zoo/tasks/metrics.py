@@ -2,6 +2,8 @@
 
 - `top1` (accuracy), `top5`, `f1` (macro), `confusion`, `mcc` (Matthews), `auroc` (macro, one-vs-rest): classes,
   per sample or per position;
+- `miou` (mean intersection over union, macro over the classes present in targets or predictions), `iou` (per
+  class), `pixel_accuracy`: classes per pixel (segmentation);
 - `mse`, `mae`: over every predicted step and channel;
 - `perplexity`: of next-token logits.
 
@@ -21,6 +23,7 @@ from torchmetrics.classification import (
     MulticlassAUROC,
     MulticlassConfusionMatrix,
     MulticlassF1Score,
+    MulticlassJaccardIndex,
     MulticlassMatthewsCorrCoef,
 )
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError
@@ -44,6 +47,9 @@ _BUILDERS: dict[str, Callable[[int, int | None], Metric]] = {
     "confusion": lambda k, ignore: MulticlassConfusionMatrix(num_classes=k, ignore_index=ignore),
     "mcc": lambda k, ignore: MulticlassMatthewsCorrCoef(num_classes=k, ignore_index=ignore),
     "auroc": lambda k, ignore: MulticlassAUROC(num_classes=k, average="macro", ignore_index=ignore),
+    "miou": lambda k, ignore: MulticlassJaccardIndex(num_classes=k, average="macro", ignore_index=ignore),
+    "iou": lambda k, ignore: MulticlassJaccardIndex(num_classes=k, average="none", ignore_index=ignore),
+    "pixel_accuracy": lambda k, ignore: MulticlassAccuracy(num_classes=k, average="micro", ignore_index=ignore),
     "mse": lambda k, ignore: MeanSquaredError(),
     "mae": lambda k, ignore: MeanAbsoluteError(),
     "perplexity": lambda k, ignore: _FlatPerplexity(ignore_index=ignore),
