@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import reset_accelerate
 
 from zoo.attention import list_attentions
 from zoo.config import RecipeError
-from zoo_bench import device_check, device_runs
+from zoo_bench import device_check, device_parts, device_runs
 from zoo_bench.device_check import PARTS, Report, bench_summary, part_budget, profile_for, run_device_check
 from zoo_bench.device_runs import FIRST, StandIn, stand_in_data, vit_runs
 
@@ -21,15 +22,40 @@ REPO = Path(__file__).resolve().parents[2]
 VIT_RECIPES = sorted(path.stem for path in (REPO / "recipes").glob("vit_*_1024.yaml"))
 
 
+class _ItemClock(device_parts.Clock):
+    """The CPU profile's budgets counted in items, not seconds, so that what runs never depends on how fast or busy
+    the machine is: a budget under a second (correctness, flex) lets one item through, any other every item."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.laps = 0
+
+    def lap(self) -> None:
+        super().lap()
+        self.laps += 1
+
+    def over(self) -> bool:
+        return self.seconds <= 1.0 and self.laps >= 1
+
+
 @pytest.fixture(scope="module")
 def cpu_check(tmp_path_factory) -> tuple[Path, dict]:
-    """`make device-check DEVICE=cpu`: the CPU profile's budgets cut correctness and flex to their first items, and
-    let every training run and the sweep's kernel families at both batch sizes through."""
+    """The device check on the CPU profile, in this process, with the budgets counted in items (`_ItemClock`):
+    correctness and flex cut to their first items, every training run and the sweep's kernel families at both
+    batch sizes let through."""
     out = tmp_path_factory.mktemp("device_check")
-    command = ["make", "-s", "device-check", "DEVICE=cpu", f"DEVICE_OUT={out}"]
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(device_parts, "Clock", _ItemClock)
+        run_device_check("cpu", out, PARTS)
+    reset_accelerate()
     return out, json.loads((out / "device_check.json").read_text())
+
+
+def test_make_target_runs_the_tool_on_the_cpu_profile(tmp_path):
+    command = ["make", "-n", "-s", "device-check", "DEVICE=cpu", f"DEVICE_OUT={tmp_path}", "DEVICE_SCALE=2"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+    line = " ".join(proc.stdout.replace("\\\n", " ").split())
+    assert f"tools/device_check.py --device cpu --out {tmp_path} --budget-scale 2" in line
 
 
 def test_make_target_runs_every_part_on_the_cpu(cpu_check):
@@ -130,8 +156,21 @@ def test_a_part_out_of_time_names_what_it_did_not_run(cpu_check):
     _, results = cpu_check
     correctness = results["parts"]["correctness"]
     ran = [item["variant"] for item in correctness["items"]]
-    assert ran and correctness["skipped_for_time"], "half a second cannot cover every variant"
+    assert len(ran) == 1 and correctness["skipped_for_time"]
     assert not set(ran) & set(correctness["skipped_for_time"])
+
+
+def test_the_clock_stops_a_part_whose_next_item_would_end_past_its_budget(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(device_parts.time, "perf_counter", lambda: now[0])
+    clock = device_parts.Clock(10.0)
+    assert not clock.over()
+    now[0] += 4.0  # one item of 4 s: 4 spent + 4 more = 8 <= 10
+    clock.lap()
+    assert not clock.over()
+    now[0] += 4.0  # 8 spent + 4 more = 12 > 10
+    clock.lap()
+    assert clock.over() and clock.spent() == 8.0
 
 
 def test_a_failing_part_is_reported_and_the_next_part_still_runs(tmp_path, monkeypatch):
