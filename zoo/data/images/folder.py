@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from ..._validate import check_int
 from .._registry import DataContext, register_dataset
+from ._augment import AugmentOptions, augment_kwargs
 from .decode import ImageError, open_image
 
 __all__ = ["BadImageError", "FolderOptions", "ImageFolderDataset"]
@@ -93,6 +94,8 @@ class ImageFolderDataset(Dataset):
             (every image decoded now, the unreadable ones left out and counted).
         subset: ``(count, what) -> indices or None``, the images kept of the split's list (``DataContext.subset``);
             None keeps every image.
+        augment: timm's RandAugment, random erasing and crop ranges for training (``data.options.augment``); only
+            read when ``is_training``.
     """
 
     # what the evaluation transform does (timm's create_transform defaults), recorded in a run's model.json
@@ -111,6 +114,7 @@ class ImageFolderDataset(Dataset):
         std: Sequence[float] | None = None,
         on_bad_image: str = "error",
         subset: Callable[[int, str], Sequence[int] | None] | None = None,
+        augment: AugmentOptions | None = None,
     ):
         from timm.data import create_transform
 
@@ -134,8 +138,13 @@ class ImageFolderDataset(Dataset):
             self.samples = self.samples if kept is None else [self.samples[i] for i in kept]
         if on_bad_image == "skip":
             self.samples = self._readable(self.samples, split_dir)
+        augmented = augment_kwargs(augment) if is_training and augment is not None else {}
         self.transform = create_transform(
-            input_size=(in_chans, img_size, img_size), is_training=is_training, mean=self.mean, std=self.std
+            input_size=(in_chans, img_size, img_size),
+            is_training=is_training,
+            mean=self.mean,
+            std=self.std,
+            **augmented,
         )
 
     @property
@@ -259,6 +268,9 @@ class FolderOptions:
     mean: list[float] | None = None
     std: list[float] | None = None
     on_bad_image: Literal["error", "skip"] = "error"
+    # timm's training augmentation of the train split (zoo.data.images._augment); null: timm's default training
+    # transform (random resized crop, flip, colour jitter)
+    augment: AugmentOptions | None = None
 
 
 @register_dataset("folder", options=FolderOptions, kind="image", tasks=("classification",), root="required")
@@ -276,4 +288,5 @@ def build_folder(options: FolderOptions, context: DataContext) -> ImageFolderDat
         std=options.std,
         on_bad_image=options.on_bad_image,
         subset=context.subset,
+        augment=options.augment,
     )
