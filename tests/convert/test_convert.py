@@ -1,17 +1,45 @@
-"""Converting a softmax ViT: attention swap at a new resolution, stage 1 (attention transfer), stage 2 (fine-tuning)."""
+"""Converting a softmax ViT: attention swap at a new resolution, stage 1 (attention transfer), stage 2 (fine-tuning),
+each stage a Trainer run on a tiny MegaMNIST recipe (64-px canvases, 16 training samples in batches of 8)."""
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import reset_accelerate, tiny_vit_recipe
 from timm.layers import resample_abs_pos_embed
 
 import zoo
 from zoo.attention.hedgehog import HedgehogAttention
-from zoo.convert.model import attention_mse, attention_parameters, finetune, swap_attention, transfer_attention
+from zoo.config import recipe_from_dict
+from zoo.convert.model import Distillation, attention_mse, attention_parameters, swap_attention
+from zoo.convert.run import finetune, transfer_attention
+from zoo.kinds import get_model_kind
+from zoo.train.loop import build_loader, build_split
 
 CLASSES = 3
+# the students of the stage tests: MegaMNIST's 10 digits on one channel, at the recipe's 64 px
+DIGITS = {"num_classes": 10, "in_chans": 1}
+RECIPE = recipe_from_dict(
+    tiny_vit_recipe(
+        name="tiny_convert",
+        model={"img_size": 64, "patch_size": 8, "depth": 2, "embed_dim": 64, "num_heads": 2},
+        data={
+            "options": {"canvas_size": 64, "digit_size": 24, "num_target": 1, "num_other": 0, "num_clutter": 1},
+            "train_samples": 16,
+        },
+        # constant: a stage's rate is the one it is given; no clipping: the steps as plain AdamW takes them
+        schedule={"name": "constant"},
+        train={"clip_grad": None},
+        optim={"weight_decay": 0.0},
+    )
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate():
+    reset_accelerate()
 
 
 def spiky_teacher(**overrides) -> torch.nn.Module:
@@ -86,20 +114,21 @@ def test_swap_errors_name_the_value():
         swap_attention(gau, "hedgehog")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [0, 8])
-def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window):
-    teacher = spiky_teacher()
+def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window, tmp_path):
+    teacher = spiky_teacher(**DIGITS)
     teacher_state = {k: v.clone() for k, v in teacher.state_dict().items()}
     student = swap_attention(teacher, "hedgehog", {"feature_dim": 64, "window": window}, img_size=64)
     student.train()
-    batches = images()
+    batches = training_images()
     before = attention_mse(teacher, student, batches)
     start = {k: v.clone() for k, v in student.state_dict().items()}
-    report = transfer_attention(teacher, student, batches, steps=80, lr=1e-2)
+    report = transfer_attention(teacher, student, RECIPE, steps=40, lr=1e-2, run_dir=tmp_path)
     after = attention_mse(teacher, student, batches)
-    # measured: about 0.55x per block (window 0) and 0.45x (window 8) after 80 steps
+    # measured: about 0.5x per block after 40 steps
     assert all(a < 0.7 * b for a, b in zip(after, before, strict=True)), (before, after)
-    assert not report.skipped and report.steps == 80 and len(report.losses) == 80
+    assert not report.skipped and report.steps == 40 and len(report.losses) == 40
     assert report.losses[-1] < report.losses[0]
     own = set(attention_parameters(student))
     assert set(report.parameters) == own and ({"blocks.0.attn.window_factor"} <= own) == bool(window)
@@ -108,6 +137,8 @@ def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window)
     # flags, mode and the teacher come back as they were
     assert all(p.requires_grad for p in student.parameters()) and student.training
     assert all(torch.equal(teacher_state[k], v) for k, v in teacher.state_dict().items())
+    # a run of the Trainer, with its checkpoint
+    assert (tmp_path / "checkpoints" / "last" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("name,own", [("linear", []), ("performer", []), ("nystrom", ["conv.weight"])])
@@ -117,79 +148,111 @@ def test_own_parameters_of_other_variants(name, own):
     assert names == own
 
 
-def test_a_variant_without_parameters_of_its_own_skips_stage1():
-    teacher = spiky_teacher()
+def test_a_variant_without_parameters_of_its_own_skips_stage1(tmp_path):
+    teacher = spiky_teacher(**DIGITS)
     student = swap_attention(teacher, "linear", img_size=64)
     start = {k: v.clone() for k, v in student.state_dict().items()}
-    report = transfer_attention(teacher, student, images(), steps=10)
+    report = transfer_attention(teacher, student, RECIPE, steps=10, run_dir=tmp_path)
     assert report.skipped and report.steps == 0 and report.losses == []
     assert all(torch.equal(start[k], v) for k, v in student.state_dict().items())
+    assert not tmp_path.joinpath("checkpoints").exists()
 
 
-def _labelled(batches: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(2)
-    return [(x, torch.randint(0, CLASSES, (x.shape[0],), generator=generator)) for x in batches]
+def training_images() -> list[torch.Tensor]:
+    """The images of the recipe's training batches, in order."""
+    return [batch["image"] for batch in training_batches()]
 
 
-def _task_loss(model: torch.nn.Module, batch) -> float:
+def training_batches() -> list[dict]:
+    return list(build_loader(RECIPE, build_split(RECIPE, "train"), train=False))
+
+
+def _task_loss(model: torch.nn.Module, batches: list[dict]) -> float:
+    """The mean cross-entropy over the training split, in eval mode."""
     model.eval()
     with torch.no_grad():
-        return F.cross_entropy(model(batch[0]), batch[1]).item()
+        return sum(F.cross_entropy(model(b["image"]), b["label"]).item() for b in batches) / len(batches)
 
 
-def test_stage2_changes_the_weights_and_lowers_the_task_loss():
-    student = swap_attention(spiky_teacher(), "hedgehog", {"feature_dim": 32}, img_size=64)
-    batch = _labelled(images(1))[0]
+@pytest.mark.slow
+def test_stage2_changes_the_weights_and_lowers_the_task_loss(tmp_path):
+    student = swap_attention(spiky_teacher(**DIGITS), "hedgehog", {"feature_dim": 32}, img_size=64)
+    batches = training_batches()
     start = {k: v.clone() for k, v in student.state_dict().items()}
-    before = _task_loss(student, batch)
-    report = finetune(student, [batch], steps=30, lr=1e-3)
-    assert report.steps == 30 and report.distill_losses == []
-    assert _task_loss(student, batch) < 0.5 * before
+    before = _task_loss(student, batches)
+    report = finetune(student, RECIPE, steps=30, lr=1e-3, run_dir=tmp_path)
+    assert report.steps == 30 and len(report.losses) == 30 and report.distill_losses == []
+    assert _task_loss(student, batches) < 0.5 * before
     changed = {k for k, v in student.state_dict().items() if not torch.equal(v, start[k])}
     assert {"head.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc1.weight", "pos_embed"} <= changed
     assert student.training is False  # the mode it had before (set by _task_loss)
 
 
-def test_stage2_distils_the_teachers_logits():
-    teacher = spiky_teacher()
+@pytest.mark.slow
+def test_stage2_distils_the_teachers_logits(tmp_path):
+    teacher = spiky_teacher(**DIGITS)
     student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
-    batch = _labelled(images(1))[0]
     # distill_weight=1: the teacher's logits are the only target
-    report = finetune(student, [batch], steps=30, lr=1e-3, teacher=teacher, distill_weight=1.0, temperature=2.0)
+    report = finetune(
+        student, RECIPE, steps=30, lr=1e-3, run_dir=tmp_path, teacher=teacher, distill_weight=1.0, temperature=2.0
+    )
     assert len(report.distill_losses) == 30
     assert report.distill_losses[-1] < 0.5 * report.distill_losses[0]
     torch.testing.assert_close(torch.tensor(report.losses), torch.tensor(report.distill_losses))
 
 
-def test_stage2_checks_its_arguments():
-    student = swap_attention(spiky_teacher(), "linear", img_size=64)
-    with pytest.raises(ValueError, match="targets"):
-        finetune(student, images(1), steps=1)
+def test_the_distillation_loss_is_hintons():
+    # timm's LogitDistillationTask against the formula written out: (1 - w) CE + w T^2 KL(teacher || student)
+    teacher = spiky_teacher(**DIGITS)
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64).eval()
+    kind = get_model_kind("vit")
+    objective = Distillation(kind, kind.task(RECIPE), teacher=teacher, distill_weight=0.3, temperature=2.0)
+    module = objective.module(student)
+    objective.setup(SimpleNamespace(device=torch.device("cpu")), module)
+    batch = training_batches()[0]
+    with torch.no_grad():
+        loss = objective.loss(module, batch)
+        student_logits = student(batch["image"])
+        teacher.set_input_size(img_size=(64, 64))
+        teacher_logits = teacher(batch["image"])
+    p_teacher = (teacher_logits / 2).softmax(-1)
+    kl = (p_teacher * (p_teacher.log() - (student_logits / 2).log_softmax(-1))).sum(-1).mean()
+    expected = 0.7 * F.cross_entropy(student_logits, batch["label"]) + 0.3 * 4 * kl
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(objective.parts[0][2], 4 * kl, rtol=1e-5, atol=1e-6)
+
+
+def test_stage2_checks_its_arguments(tmp_path):
+    student = swap_attention(spiky_teacher(**DIGITS), "linear", img_size=64)
     with pytest.raises(ValueError, match="distill_weight=1.5"):
-        finetune(student, _labelled(images(1)), steps=1, distill_weight=1.5)
-    with pytest.raises(ValueError, match="schedule='linear'"):
-        finetune(student, _labelled(images(1)), steps=1, schedule="linear")
-    with pytest.raises(ValueError, match="gave nothing"):
-        finetune(student, [], steps=1)
+        finetune(student, RECIPE, steps=1, distill_weight=1.5, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="temperature=0"):
+        finetune(student, RECIPE, steps=1, temperature=0, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="lr=-1"):
+        finetune(student, RECIPE, steps=1, lr=-1, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="lora_rank"):
+        finetune(student, RECIPE, steps=1, lora_rank=0, run_dir=tmp_path)
 
 
-def test_lora_without_peft_says_how_to_install_it(monkeypatch):
+def test_lora_without_peft_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft raises ImportError, installed or not
-    student = swap_attention(spiky_teacher(), "linear", img_size=64)
+    student = swap_attention(spiky_teacher(**DIGITS), "linear", img_size=64)
     with pytest.raises(ImportError, match="pip install peft"):
-        finetune(student, _labelled(images(1)), steps=1, lora_rank=4)
+        finetune(student, RECIPE, steps=1, lora_rank=4, run_dir=tmp_path)
+    assert all(p.requires_grad for p in student.parameters())
 
 
-def test_lora_trains_adapters_on_qkv_and_proj_and_merges_them():
-    pytest.importorskip("peft")
-    student = swap_attention(spiky_teacher(), "hedgehog", {"feature_dim": 32}, img_size=64)
-    batch = _labelled(images(1))[0]
+@pytest.mark.slow
+def test_lora_trains_adapters_on_qkv_and_proj_and_merges_them(tmp_path):
+    # peft is in the dev extras: this route runs wherever the suite does
+    student = swap_attention(spiky_teacher(**DIGITS), "hedgehog", {"feature_dim": 32}, img_size=64)
+    plain, batches = type(student), training_batches()
     start = {k: v.clone() for k, v in student.state_dict().items()}
-    before = _task_loss(student, batch)
-    report = finetune(student, [batch], steps=30, lr=3e-3, lora_rank=4)
-    assert report.lora_rank == 4 and _task_loss(student, batch) < 0.5 * before
+    before = _task_loss(student, batches)
+    report = finetune(student, RECIPE, steps=30, lr=3e-3, lora_rank=4, run_dir=tmp_path)
+    assert report.lora_rank == 4 and _task_loss(student, batches) < 0.5 * before
     # merged back: the same plain timm model, only the adapted weights and the classifier changed
-    assert type(student).__name__ == "VisionTransformer" and set(student.state_dict()) == set(start)
+    assert type(student) is plain and set(student.state_dict()) == set(start)
     changed = {k for k, v in student.state_dict().items() if not torch.equal(v, start[k])}
     adapted = {f"blocks.{i}.attn.{m}.weight" for i in range(2) for m in ("qkv", "proj")}
     assert changed == adapted | {"head.weight", "head.bias"}

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import tempfile
 import textwrap
 import time
 from collections.abc import Sequence
@@ -31,11 +32,10 @@ from accelerate.utils import set_seed
 from zoo import load_model
 from zoo.cli import run_cli
 from zoo.config import Recipe, load_recipe
-from zoo.convert.model import finetune
-from zoo.convert.run import ImagePairs, convert_run
+from zoo.convert.run import convert_run, finetune
 from zoo.evaluate import evaluate
 from zoo.kinds import get_model_kind, sizes_of
-from zoo.train.loop import Trainer, build_loader, build_split
+from zoo.train.loop import Trainer, build_split
 
 from .machine import REPO_ROOT as ROOT
 from .machine import device_name, shown_path, versions
@@ -104,14 +104,14 @@ def _top1(metrics: dict[str, Any]) -> float:
 
 
 def from_scratch(recipe: Recipe, steps: int, lr: float) -> float:
-    """Test top-1 of the recipe's model trained from its initialisation for `steps` steps (AdamW, cosine)."""
+    """Test top-1 of the recipe's model trained from its initialisation for `steps` steps at `lr` (a run of the
+    Trainer, as a conversion stage is: the recipe's optimizer and schedule without warm-up)."""
     set_seed(recipe.seed)
     kind = get_model_kind(recipe.model.kind)
     task = kind.task(recipe)
-    train_set = build_split(recipe, "train")
-    model = kind.build(recipe, sizes_of(recipe, train_set), task)
-    pairs = ImagePairs(build_loader(recipe, train_set, train=True))
-    finetune(model, pairs, steps, lr=lr, loss_fn=lambda logits, labels: task.loss(logits, labels))
+    model = kind.build(recipe, sizes_of(recipe, build_split(recipe, "train")), task)
+    with tempfile.TemporaryDirectory(prefix="zoo-scratch-") as folder:
+        finetune(model, recipe, steps, lr=lr, run_dir=folder)
     return _top1(evaluate(model.eval(), recipe=recipe, split="test", num_classes=model.num_classes)["metrics"])
 
 

@@ -20,7 +20,7 @@ O(n window)); the keys outside it causally by prefix sums over the keys shifted 
 every key's linear terms (two matmuls) with the band's terms replaced in the blocked pass. No n x n tensor is
 formed. A window covering the sequence is exact softmax attention.
 
-Both maps (and the window factor) are the variant's own parameters: `zoo.convert.model.transfer_attention` trains them
+Both maps (and the window factor) are the variant's own parameters: `zoo.convert.run.transfer_attention` trains them
 alone to match a softmax teacher's attention outputs before any other weight moves.
 
 Letter legend: b - batch, h - heads, n - query length, m - key length, d - head dim, f - features per half,

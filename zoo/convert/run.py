@@ -8,10 +8,16 @@ recipe's data, by `zoo.convert.model`'s stages, and written as a run directory.
    attention) is brought to the student's resolution (`pos_embed` resampled) and its weights are loaded into the
    student: every timm weight, a new head where the class count differs, the variant's own attention parameters
    kept at their initialisation;
-2. stage 1, `zoo.convert.model.transfer_attention`: only those parameters train, to match the teacher's attention
-   outputs block by block on the recipe's training images (labels unused); variants without any skip it;
-3. stage 2, `zoo.convert.model.finetune`: the task loss on all weights, distilled from the teacher's logits when the
-   teacher's head predicts the same classes.
+2. stage 1, `transfer_attention`: only those parameters train, to match the teacher's attention outputs block by
+   block on the recipe's training images (labels unused; `zoo.convert.model.AttentionTransfer`); variants without
+   any skip it;
+3. stage 2, `finetune`: the task loss on all weights, distilled from the teacher's logits when the teacher's head
+   predicts the same classes (`zoo.convert.model.Distillation`).
+
+Each stage is a run of `zoo.train.loop.Trainer` with the stage's objective: the recipe's optimizer and schedule (the
+schedule's warm-up left out: a stage starts from trained weights) at the stage's learning rate for the stage's steps,
+its clipping, mixed precision, ddp (`torchrun --nproc_per_node N tools/convert.py ...`), non-finite handling and
+trackers; checkpoints and logs in `<run_dir>/stages/stage1` and `stage2`.
 
 With `run_dir` the result is a run directory of tools/train.py's layout: `recipe.yaml` (the recipe that builds the
 student), `model.json`, `checkpoints/best` and `last`, `metrics.jsonl` (one record per evaluated stage) and
@@ -23,14 +29,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Iterator, Mapping
+import shutil
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
-from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch import nn
 
 from .._validate import check_int
 from .._weights import read_weights
@@ -41,10 +50,20 @@ from ..hub.load import is_model_source, load_model
 from ..hub.runs import describe_model, write_run
 from ..kinds import get_model_kind, sizes_of
 from ..models.vit import load_state_dict_into
-from ..train.loop import build_loader, build_split
-from .model import FinetuneReport, TransferReport, finetune, transfer_attention
+from ..train._objective import objective_recipe
+from ..train.loop import Trainer, build_split, resolve_mixed_precision
+from .model import (
+    AttentionTransfer,
+    Distillation,
+    FinetuneReport,
+    TransferReport,
+    _check_positive,
+    _mode,
+    _only_trainable,
+    attention_parameters,
+)
 
-__all__ = ["ConversionResult", "ImagePairs", "convert_run"]
+__all__ = ["ConversionResult", "convert_run", "finetune", "stage_recipe", "transfer_attention"]
 
 _logger = logging.getLogger(__name__)
 
@@ -65,17 +84,6 @@ class ConversionResult:
     run_dir: Path | None = None
 
 
-class ImagePairs:
-    """`(images, labels)` of every `{"image", "label"}` batch of `loader`, iterable again and again (the form
-    `zoo.convert.model`'s stages take)."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        return ((batch["image"], batch["label"]) for batch in self.loader)
-
-
 def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool]:
     """The teacher at the student's resolution, and whether its head predicts the recipe's classes (its logits can
     then be distilled). A weights file is read into the recipe's architecture with softmax attention."""
@@ -93,6 +101,109 @@ def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool
     teacher = kind.build(dataclasses.replace(recipe, model=model), sizes, task)
     report = load_state_dict_into(teacher, read_weights(source), str(source))
     return teacher.eval(), not any(key.startswith("head") for key in report.dropped_keys)
+
+
+def stage_recipe(recipe: Recipe, stage: str, steps: int, lr: float, log_every: int = 0) -> Recipe:
+    """The recipe of a conversion stage's run: `steps` optimizer steps at `lr` in the recipe's optimizer and schedule
+    without its warm-up, one record and checkpoint at the end, no validation (`convert_run` evaluates each stage)."""
+    train = {"epochs": steps, "max_steps": steps, "validate": False, "eval_every_epochs": steps, "pretrain": None}
+    train |= {"checkpoint_every_steps": None, "log_every_steps": log_every or recipe.train.log_every_steps}
+    return objective_recipe(
+        recipe, f"{recipe.name}_{stage}", train=train, optim={"lr": lr}, schedule={"warmup_steps": 0}
+    )
+
+
+def _stage_run(recipe: Recipe, run_dir: Path, model: nn.Module, objective) -> Trainer:
+    """A conversion stage trained through the Trainer; what it prepared is released afterwards."""
+    run = Trainer(recipe, run_dir, model=model, objective=objective)
+    run.fit()
+    run.accelerator.free_memory()
+    return run
+
+
+def transfer_attention(
+    teacher: nn.Module,
+    student: nn.Module,
+    recipe: Recipe,
+    steps: int,
+    lr: float = 1e-2,
+    *,
+    run_dir: str | Path,
+    log_every: int = 0,
+) -> TransferReport:
+    """Stage 1, attention transfer: train only `attention_parameters(student)` for `steps` steps at `lr` (LoLCATs:
+    1e-2) on `recipe`'s training images, as a run into `run_dir` (`stage_recipe`), to minimise the sum over blocks of
+    MSE(student attention(x_i), teacher attention(x_i)) (`AttentionTransfer`).
+
+    Every other student tensor is left bitwise unchanged, and the previous `requires_grad` flags and train/eval mode
+    are restored. A variant with no parameters of its own returns at once with `skipped=True`.
+    """
+    check_int("steps", steps, 0)
+    _check_positive("lr", lr)
+    own = attention_parameters(student)
+    if not own:
+        name = getattr(student, "zoo_args", {}).get("attention", "this attention")
+        _logger.info("%s has no parameters of its own: stage 1 (attention transfer) skipped", name)
+        return TransferReport(skipped=True)
+    report = TransferReport(skipped=False, parameters=list(own))
+    if steps == 0:
+        return report
+    objective = AttentionTransfer(teacher, student)
+    with _mode(student, False), _only_trainable(student, own.values()):
+        run = _stage_run(stage_recipe(recipe, "stage1", steps, lr, log_every), Path(run_dir), student, objective)
+    report.steps = run.state.step
+    report.losses = torch.stack(objective.losses).tolist()
+    return report
+
+
+def finetune(
+    student: nn.Module,
+    recipe: Recipe,
+    steps: int,
+    lr: float = 1e-4,
+    *,
+    run_dir: str | Path,
+    teacher: nn.Module | None = None,
+    distill_weight: float = 0.5,
+    temperature: float = 1.0,
+    lora_rank: int | None = None,
+    lora_alpha: float | None = None,
+    log_every: int = 0,
+) -> FinetuneReport:
+    """Stage 2: `steps` steps at `lr` of the task's loss on `recipe`'s training split, as a run into `run_dir`
+    (`stage_recipe`), the student changed in place; distilled from `teacher`'s logits (`distill_weight`,
+    `temperature`; `Distillation`), on LoRA adapters of `lora_rank` merged back at the end (the student is then a
+    plain timm model with the same keys). The `requires_grad` flags and train/eval mode come back as they were.
+    """
+    check_int("steps", steps, 0)
+    _check_positive("lr", lr)
+    kind = get_model_kind(recipe.model.kind)
+    objective = Distillation(
+        kind,
+        kind.task(recipe),
+        label_smoothing=recipe.train.label_smoothing,
+        teacher=teacher,
+        distill_weight=distill_weight,
+        temperature=temperature,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+    )
+    report = FinetuneReport(lora_rank=lora_rank)
+    if steps == 0:
+        return report
+    flags = {param: param.requires_grad for param in student.parameters()}
+    try:
+        with _mode(student, student.training):
+            run = _stage_run(stage_recipe(recipe, "stage2", steps, lr, log_every), Path(run_dir), student, objective)
+    finally:
+        objective.merge()
+        for param, flag in flags.items():
+            param.requires_grad_(flag)
+    parts = torch.stack(objective.parts).tolist()
+    report.steps = run.state.step
+    report.losses, report.task_losses = [p[0] for p in parts], [p[1] for p in parts]
+    report.distill_losses = [p[2] for p in parts] if teacher is not None else []
+    return report
 
 
 def convert_run(
@@ -118,7 +229,12 @@ def convert_run(
     kind = get_model_kind(recipe.model.kind)
     if kind.name != "vit":
         raise ValueError(f"tools/convert.py converts ViTs; the recipe's model.kind is {kind.name!r}")
+    if run_dir is None and PartialState().num_processes > 1:
+        raise ValueError("convert_run on several processes needs a run_dir that they share (for the stages' runs)")
     recipe = without_pretrained(recipe)
+    # the stages' precision, set in accelerate's process-wide state before the first evaluation asks for none
+    precision = resolve_mixed_precision(recipe.train.mixed_precision)
+    Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=precision)
     set_seed(recipe.seed)
     task = kind.task(recipe)
     train_set = build_split(recipe, "train")
@@ -130,30 +246,39 @@ def convert_run(
     teacher_model, same_classes = _teacher(source, recipe, sizes, task)
     load_state_dict_into(student, teacher_model.state_dict(), str(source))
     result = ConversionResult(student, recipe, teacher_model)
-    pairs = ImagePairs(build_loader(recipe, train_set, train=True))
     result.metrics.update(_evaluated("swap", student, recipe, eval_split))
-    result.transfer = transfer_attention(teacher_model, student, pairs, stage1_steps, lr=stage1_lr, log_every=log_every)
-    if not result.transfer.skipped:
-        result.metrics.update(_evaluated("stage1", student, recipe, eval_split))
-    distill = distill_weight if same_classes else 0.0
-    if distill_weight and not same_classes:
-        _logger.warning("the teacher's head predicts other classes than the recipe's: no distillation in stage 2")
-    result.finetune = finetune(
-        student,
-        pairs,
-        stage2_steps,
-        lr=stage2_lr,
-        teacher=teacher_model if distill else None,
-        distill_weight=distill,
-        lora_rank=lora_rank,
-        loss_fn=lambda logits, labels: task.loss(logits, labels, label_smoothing=recipe.train.label_smoothing),
-        log_every=log_every,
-    )
-    result.metrics.update(_evaluated("stage2", student, recipe, eval_split))
+    stages = Path(run_dir) / "stages" if run_dir is not None else Path(tempfile.mkdtemp(prefix="zoo-convert-"))
+    try:
+        result.transfer = transfer_attention(
+            teacher_model, student, recipe, stage1_steps, lr=stage1_lr, run_dir=stages / "stage1", log_every=log_every
+        )
+        if not result.transfer.skipped:
+            result.metrics.update(_evaluated("stage1", student, recipe, eval_split))
+        distill = distill_weight if same_classes else 0.0
+        if distill_weight and not same_classes:
+            _logger.warning("the teacher's head predicts other classes than the recipe's: no distillation in stage 2")
+        result.finetune = finetune(
+            student,
+            recipe,
+            stage2_steps,
+            lr=stage2_lr,
+            run_dir=stages / "stage2",
+            teacher=teacher_model if distill else None,
+            distill_weight=distill,
+            lora_rank=lora_rank,
+            log_every=log_every,
+        )
+        result.metrics.update(_evaluated("stage2", student, recipe, eval_split))
+    finally:
+        if run_dir is None:
+            shutil.rmtree(stages, ignore_errors=True)
     student.eval()
     if run_dir is not None:
         description = describe_model(recipe, train_set, task, sizes)
-        result.run_dir = _write(Path(run_dir), result, source, description, eval_split)
+        if PartialState().is_main_process:
+            result.run_dir = _write(Path(run_dir), result, source, description, eval_split)
+        PartialState().wait_for_everyone()
+        result.run_dir = Path(run_dir)
     return result
 
 
