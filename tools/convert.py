@@ -6,6 +6,7 @@ tools/predict.py read.
     tools/convert.py runs/conversion_teacher recipes/conversion_teacher.yaml --attention hedgehog --img-size 96 \\
         --set data.options.canvas_size=96
     tools/convert.py vit_tiny.safetensors recipes/quickstart.yaml --attention linear --stage2-steps 500
+    torchrun --nproc_per_node 2 tools/convert.py ...   # each stage data-parallel, as tools/train.py runs
 
 TEACHER: a run directory of tools/train.py (or a checkpoint / save_pretrained folder), or a timm-layout weights file
 read into the recipe's architecture with softmax attention. RECIPE: the student (its model and data; --attention and
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from accelerate import PartialState
 
 from zoo.cli import add_overrides, run_cli
 from zoo.config import load_recipe
@@ -64,6 +67,9 @@ def main() -> None:
         run_dir=run_dir,
         log_every=10,
     )
+    # under torchrun every process converts (the stages are data-parallel runs); one reports
+    if not PartialState().is_main_process:
+        return
     for stage, metrics in result.metrics.items():
         scores = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
         print(f"val after {stage}: {scores}")

@@ -1,8 +1,10 @@
 """tools/convert.py end to end: a locally made timm checkpoint (a random timm ViT saved with safetensors) converted
 to hedgehog at 4x the tokens on MegaMNIST, and the result read by tools/eval.py, zoo.predict and zoo.load_model;
-a run directory as the teacher; one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64 px)."""
+a run directory as the teacher; two processes under torchrun; one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64
+px)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 import timm
 import torch
 import yaml
-from helpers import reset_accelerate
+from helpers import free_port, reset_accelerate
 from safetensors.torch import save_file
 
 import zoo
@@ -129,3 +131,25 @@ def test_what_cannot_be_converted_is_a_one_line_error(files, tmp_path):
         convert_run(files["weights"], load_recipe(splice), stage1_steps=0, stage2_steps=0)
     with pytest.raises(FileNotFoundError, match="teacher .*missing.safetensors does not exist"):
         convert_run(tmp_path / "missing.safetensors", load_recipe(files["recipe"]), stage1_steps=0, stage2_steps=0)
+
+
+@pytest.mark.slow
+def test_torchrun_converts_on_two_processes_as_training_does(files, tmp_path):
+    # each stage a data-parallel Trainer run (gloo): both processes end with the same weights, the run is readable
+    run_dir = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        "tools/convert.py", str(files["weights"]), str(files["recipe"]), "--attention", "hedgehog", "--img-size", "64",
+        "--set", "data.options.canvas_size=64", "--stage1-steps", "2", "--stage2-steps", "2", "--output", str(run_dir),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("val after stage2: ") == 1
+    for stage in ("stage1", "stage2"):
+        summary = json.loads((run_dir / "stages" / stage / "train_summary.json").read_text())
+        assert summary["num_processes"] == 2 and summary["replicas_identical"] and summary["steps"] == 2, stage
+    conversion = json.loads((run_dir / "conversion.json").read_text())
+    assert conversion["stage1"]["steps"] == 2 and conversion["stage2"]["steps"] == 2
+    reset_accelerate()
+    assert [type(b.attn).attention_name for b in zoo.load_model(run_dir).blocks] == ["hedgehog", "hedgehog"]
