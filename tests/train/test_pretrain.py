@@ -1,5 +1,8 @@
 """Self-pretraining (zoo/train/self_pretrain.py, train.pretrain): what each objective scores and sees, that the
-fine-tuning starts from the pretrained weights, resume around pretraining, and the recipe's one-line errors."""
+fine-tuning starts from the pretrained weights, resume around pretraining, that pretraining is a Trainer run (the
+recipe's schedule, non-finite handling), and the recipe's one-line errors."""
+
+import json
 
 import pytest
 import torch
@@ -251,3 +254,27 @@ def test_recipe_refuses_pretraining_it_cannot_do():
     assert error_of(series) == (
         "<dict>: train.pretrain: predicts tokens: needs model.sequence.input 'tokens' or 'dna', got 'series'"
     )
+
+
+def test_pretraining_is_a_trainer_run_with_the_recipe_s_schedule_and_non_finite_handling(tmp_path, monkeypatch):
+    # a constant schedule: every pretraining step at pretrain.lr (the old loop of its own always decayed by cosine)
+    recipe = tiny_recipe(steps=4, epochs=None, lr=3e-4)
+    recipe["schedule"] = {"name": "constant"}
+    recipe["train"]["skip_nonfinite"] = 1
+    # the second pretraining batch's loss is NaN: its step is skipped, as the Trainer skips any run's
+    real, calls = PretrainObjective.loss, []
+
+    def nan_once(self, module, batch):
+        calls.append(batch)
+        loss = real(self, module, batch)
+        return loss * float("nan") if len(calls) == 2 else loss
+
+    monkeypatch.setattr(PretrainObjective, "loss", nan_once)
+    run = trainer(recipe, tmp_path / "run")
+    run.fit()
+    folder = tmp_path / "run" / "pretrain"
+    records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in records] == [3e-4] and records[0]["step"] == 4 and len(calls) == 4
+    state = json.loads((folder / "checkpoints" / "last" / "meta.json").read_text())
+    assert state["skipped_batches"] == 1 and state["step"] == 4
+    assert all(torch.isfinite(v).all() for v in run.plain_model.state_dict().values())
