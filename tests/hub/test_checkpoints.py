@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -279,20 +278,39 @@ def test_weights_that_turned_non_finite_never_replace_a_checkpoint(tmp_path, mon
     assert all(torch.isfinite(t).all() for t in load_file(str(last / "model.safetensors")).values())
 
 
-def _train_in_child(recipe: Path, run_dir: Path, slow_renames: bool) -> None:
-    """A forked training process: resumes when the run has a checkpoint. Renames are slowed (timing only) so that
-    kills land between the two renames of a save too."""
+def _train_in_child(recipe: Path, run_dir: Path, kill_at: tuple[str, int] | None = None) -> None:
+    """A forked training process: resumes when the run has a checkpoint. `kill_at` makes it SIGKILL itself at a
+    point of the run, so that the kill lands there however fast or busy the machine is: ("step", n) after its n-th
+    optimizer step; ("manifest", n) in place of its n-th manifest (a save written but for the manifest);
+    ("rename", n) after its n-th rename of a save that replaces a checkpoint (between the two renames, or before
+    the old copy is removed)."""
     # one thread: the parent's OpenMP pool does not survive fork, and every run computes alike
     torch.set_num_threads(1)
-    if slow_renames:
-        rename = Path.rename
+    if kill_at is not None:
+        point, n = kill_at
+        calls = [0]
 
-        def slow_rename(self, target):
-            result = rename(self, target)
-            time.sleep(0.02)
-            return result
+        def count() -> None:
+            calls[0] += 1
+            if calls[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
 
-        Path.rename = slow_rename
+        if point == "step":
+            step = zoo.train.loop.on_optimizer_step
+            zoo.train.loop.on_optimizer_step = lambda model: (step(model), count())
+        elif point == "manifest":
+            manifest = zoo.train.loop.write_manifest
+            zoo.train.loop.write_manifest = lambda *args, **kwargs: (count(), manifest(*args, **kwargs))
+        else:
+            rename = Path.rename
+
+            def counted_rename(self, target):
+                result = rename(self, target)
+                if Path(target).name.endswith(".old") or Path(f"{target}.old").exists():
+                    count()
+                return result
+
+            Path.rename = counted_rename
     fit(recipe, run_dir, resume=find_checkpoint(run_dir, "last") is not None)
 
 
@@ -304,46 +322,33 @@ def _last_step(run_dir: Path) -> int:
         return 0
 
 
-def _kill_when(process, condition, delay: float) -> bool:
-    """SIGKILL `process` `delay` seconds after `condition()` holds; False if it ended first."""
-    while process.is_alive() and not condition():
-        time.sleep(0.002)
-    time.sleep(delay)
-    if not process.is_alive():
-        return False
-    os.kill(process.pid, signal.SIGKILL)
-    process.join()
-    return True
-
-
 @pytest.mark.slow
 def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path):
     recipe = write_recipe(tmp_path, epochs=8)
     fork = multiprocessing.get_context("fork")
-    straight = fork.Process(target=_train_in_child, args=(recipe, tmp_path / "straight", False))
+    straight = fork.Process(target=_train_in_child, args=(recipe, tmp_path / "straight"))
     straight.start()
     straight.join()
     assert straight.exitcode == 0
     rng = np.random.default_rng(12)
     run_dir, kills, in_save = tmp_path / "killed", 0, 0
-    tmp_dirs = [run_dir / "checkpoints" / f"{which}.tmp" for which in ("last", "best")]
-    for attempt in range(10):
-        process = fork.Process(target=_train_in_child, args=(recipe, run_dir, True))
-        before = _last_step(run_dir)
+    checkpoints = run_dir / "checkpoints"
+    partial = [checkpoints / f"{which}{suffix}" for which in ("last", "best") for suffix in (".tmp", ".old")]
+    # half the kills inside a save (in place of a manifest, or between renames), half after an optimizer step
+    points = ["step", "rename", "step", "manifest"] * 2 + ["step", "rename"]
+    for point in points:
+        kill_at = (point, int(rng.integers(1, 5)))
+        process = fork.Process(target=_train_in_child, args=(recipe, run_dir, kill_at))
         process.start()
-        if attempt % 2:
-            # during a save: its temporary folder exists, or one of its renames is under way
-            killed = _kill_when(process, lambda: any(p.exists() for p in tmp_dirs), rng.uniform(0, 0.05))
-            in_save += killed
-        else:
-            # anywhere after the run moved on past a checkpoint
-            killed = _kill_when(process, lambda before=before: _last_step(run_dir) > before, rng.uniform(0, 0.15))
-        kills += killed
+        process.join()
+        assert process.exitcode == -signal.SIGKILL, (kill_at, process.exitcode)
+        kills += 1
+        in_save += point != "step" and any(p.exists() for p in partial)
         last = find_checkpoint(run_dir, "last")
         if last is not None:
             verify_checkpoint(last)
     assert kills == 10 and in_save == 5, (kills, in_save)
-    final = fork.Process(target=_train_in_child, args=(recipe, run_dir, False))
+    final = fork.Process(target=_train_in_child, args=(recipe, run_dir))
     final.start()
     final.join()
     assert final.exitcode == 0
