@@ -158,7 +158,7 @@ class Runner:
 
     def close(self) -> None:
         self.process.stdin.close()
-        self.process.wait(timeout=60)
+        self.process.wait(timeout=600)
         self.errors.close()
 
 

@@ -335,7 +335,7 @@ def test_the_hub_offline_fails_at_once_naming_the_file_route(tmp_path):
         "    try:\n        call()\n    except (FileNotFoundError, ConnectionError) as error:\n        print(error)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert result.returncode == 0, result.stderr
     loading, pushing = result.stdout.strip().splitlines()

@@ -59,7 +59,7 @@ def torchrun(recipe: Path, run_dir: Path, *overrides: str, resume: bool = False)
         "--set", *overrides,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, check=False)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr
 

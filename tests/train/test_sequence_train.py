@@ -219,7 +219,7 @@ def test_cli_error_is_one_line(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
