@@ -10,6 +10,7 @@ forecasting run), as CSV (stdout by default) or JSON. Inputs are read as the run
     tools/predict.py runs/elecdemand_quick demand.csv                     # the next horizon steps of the targets
     tools/predict.py runs/elecdemand_quick gaps.csv --set data.options.nan=interpolate   # missing values filled
     tools/predict.py runs/recall_mqar_quick ids.txt                       # token ids, a sequence per line: per token
+    tools/predict.py runs/seg_megamnist_quick images/ --masks masks/      # a mask PNG per image, masks/legend.json
 
 An input that cannot be read is named on stderr and skipped whole; the others are predicted. Files in a folder that
 are not inputs, and empty FASTA records, are counted on stderr. --set changes how series files are read (the data
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -38,6 +40,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--output", help="a .csv or .json file (default: CSV on stdout)")
     parser.add_argument("--top-k", type=int, default=5, help="classes kept per prediction (default: 5)")
+    parser.add_argument(
+        "--masks",
+        help="segmentation: the folder for the mask PNGs and legend.json (default: beside --output, its name with "
+        "_masks, else masks/)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="inputs per forward pass (default: 32)")
     parser.add_argument(
         "--checkpoint", default="best", choices=CHECKPOINTS, help="the run's checkpoint (default: best)"
@@ -70,12 +77,16 @@ def main() -> None:
         # a wrong suffix fails before the model runs
         format_of(args.output)
     model = load_model(args.run, checkpoint=args.checkpoint)
+    masks = args.masks or (str(Path(args.output).with_suffix("")) + "_masks" if args.output else "masks")
     predictions = predict(
-        model, args.inputs, top_k=args.top_k, batch_size=args.batch_size, progress=True, options=options
-    )
+        model, args.inputs, top_k=args.top_k, batch_size=args.batch_size, progress=True, options=options,
+        mask_dir=masks,
+    )  # fmt: skip
     write_predictions(predictions, args.output or sys.stdout, None if args.output else "csv")
     skipped = f", {len(predictions.skipped)} input(s) skipped" if predictions.skipped else ""
     where = f" to {args.output}" if args.output else ""
+    if predictions.rows and "mask" in predictions.rows[0]:
+        where += f", masks to {masks}"
     print(f"wrote {len(predictions.rows)} predictions{where}{skipped}", file=sys.stderr)
 
 

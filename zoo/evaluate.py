@@ -34,6 +34,7 @@ __all__ = [
     "evaluate",
     "evaluation_lines",
     "plot_confusion",
+    "plot_masks",
     "save_evaluation",
 ]
 
@@ -260,7 +261,7 @@ def evaluation_lines(result: dict[str, Any], path: Path) -> list[str]:
     baseline's, the files written."""
     lines = [f"{result['split']}: {_scores(result['metrics'])}"]
     lines += [f"baseline {name}: {_scores(scores)}" for name, scores in result["baselines"].items()]
-    written = [str(path), *([result["confusion_png"]] if result["confusion_png"] else [])]
+    written = [str(path), *(result[key] for key in ("confusion_png", "masks_png") if result.get(key))]
     return [*lines, f"wrote {' and '.join(written)}"]
 
 
@@ -316,7 +317,54 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
         plot_confusion(metrics["confusion"], png, split_attribute(dataset, "classes"))
     fitted = callable(split_attribute(dataset, "baselines"))
     rules = baselines(build_split(recipe, "train") if fitted else None, dataset)
-    return _report(run_dir, weights, split, recipe, metrics, rules, png)
+    report = _report(run_dir, weights, split, recipe, metrics, rules, png)
+    if getattr(task, "predicts_masks", False):
+        report["masks_png"] = str(run_dir / f"masks_{split}.png")
+        if accelerator.is_main_process:
+            plot_masks(accelerator.unwrap_model(model), dataset, Path(report["masks_png"]))
+    return report
+
+
+def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -> None:
+    """The first `count` images of a segmentation split beside their true and predicted masks, one row each, as a
+    PNG; the masks in `zoo.predict.mask_palette`'s colours (unlabelled pixels white) with the classes named in a
+    legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from .predict import mask_palette
+
+    samples = [dataset[i] for i in range(min(count, len(dataset)))]
+    images = torch.stack([image for image, _ in samples])
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.no_grad():
+        predicted = model(images.to(device)).argmax(1).cpu()  # [n, H, W]
+    names = [str(name) for name in (split_attribute(dataset, "classes") or range(model.num_classes))]
+    colors = [tuple(c / 255 for c in rgb) for rgb in mask_palette(len(names))]
+    # one colour per class, white for IGNORE_INDEX (shown as class len(names))
+    cmap = ListedColormap([*colors, (1.0, 1.0, 1.0)])
+    shown = {"cmap": cmap, "vmin": 0, "vmax": len(names), "interpolation": "nearest"}
+    fig, axes = plt.subplots(len(samples), 3, figsize=(7.5, 2.5 * len(samples)), squeeze=False)
+    for row, ((image, mask), guess) in enumerate(zip(samples, predicted, strict=True)):
+        truth = mask.clone()
+        truth[(truth < 0) | (truth >= len(names))] = len(names)
+        picture = image.permute(1, 2, 0).numpy()  # [H, W, c]
+        axes[row][0].imshow(picture[..., 0] if picture.shape[-1] == 1 else picture.clip(0, 1), cmap="gray")
+        axes[row][1].imshow(truth.numpy(), **shown)
+        axes[row][2].imshow(guess.numpy(), **shown)
+        for ax, title in zip(axes[row], ("image", "true", "predicted"), strict=True):
+            ax.set_title(title if row == 0 else "")
+            ax.axis("off")
+    handles = [Patch(color=color, label=name) for name, color in zip(names, colors, strict=True)]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(names), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _report(

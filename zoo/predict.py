@@ -17,7 +17,10 @@
   is a header, blank lines are counted and left out): one row per line, or for a per-position task one row per
   token with its label.
 
-Classification rows hold the `top_k` classes and their probabilities. An input that cannot be read is named in one
+Classification rows hold the `top_k` classes and their probabilities. A segmentation row names the image's predicted
+mask, a palette PNG written to `mask_dir` (`write_mask`; pixel value = class index, the run's class names and the
+palette's colours in `mask_dir/legend.json`), at the model's input size (the image as the eval transform gave it),
+and the classes it covers with their shares of the image. An input that cannot be read is named in one
 warning and skipped whole (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are
 predicted. Inside a folder, files that are not inputs of the run's kind (`notes.txt`, `.DS_Store`) are counted in a
 warning, and so are the empty records of a FASTA file. `options` (`tools/predict.py --set data.options.KEY=VALUE`)
@@ -53,7 +56,16 @@ from .data.dna.nucleotides import DNATokenizer, read_fasta
 from .data.images.decode import ImageError, open_image
 from .tasks import Task, get_task, list_tasks
 
-__all__ = ["READ_OPTIONS", "ImageLoader", "Predictions", "image_loader", "predict", "write_predictions"]
+__all__ = [
+    "READ_OPTIONS",
+    "ImageLoader",
+    "Predictions",
+    "image_loader",
+    "mask_palette",
+    "predict",
+    "write_mask",
+    "write_predictions",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -89,7 +101,9 @@ def _description(model: nn.Module) -> dict[str, Any]:
             f"{type(model).__name__} carries no description of its inputs: predict takes a model from "
             "zoo.load_model (a run directory of tools/train.py or a save_pretrained folder)"
         )
-    return {"task": "classification", "input": "image", "label_names": cfg.get("label_names")}
+    # a save_pretrained segmentation model records its decoder (zoo.models.segmentation)
+    task = "segmentation" if getattr(model, "zoo_args", {}).get("decoder") else "classification"
+    return {"task": task, "input": "image", "label_names": cfg.get("label_names")}
 
 
 def predict(
@@ -100,11 +114,12 @@ def predict(
     batch_size: int = 32,
     progress: bool = False,
     options: Mapping[str, Any] | None = None,
+    mask_dir: str | Path | None = None,
 ) -> Predictions:
     """Predict every input (paths of files or folders, see the module docstring) with `model` in eval mode, in
     batches of `batch_size`; classification rows keep the `top_k` best classes (at most the class count). `options`:
     data options that read the inputs otherwise than the run's recipe did (`READ_OPTIONS` of the run's input kind,
-    e.g. `{"nan": "mask"}`)."""
+    e.g. `{"nan": "mask"}`). `mask_dir`: where a segmentation run's masks go (required for one)."""
     check_int("top_k", top_k, 1)
     check_int("batch_size", batch_size, 1)
     if isinstance(inputs, (str, Path)):
@@ -116,6 +131,9 @@ def predict(
         raise ValueError(f"predict does not handle task {task.name!r}; it handles {', '.join(handled)}")
     if kind not in _READERS:
         raise ValueError(f"predict does not read {kind!r} inputs (the run's data); it reads {', '.join(_READERS)}")
+    masks_out = None
+    if getattr(task, "predicts_masks", False):
+        masks_out = _MaskWriter(mask_dir, task.name, description.get("label_names"), model.num_classes)
     if options:
         read = _read_options(options, kind, task)
         description = {**description, "inputs": {**description.get("inputs", {}), **read}}
@@ -129,12 +147,68 @@ def predict(
             logits = model(*(t.to(_device(model)) for t in batch)).float().cpu()
             masks = batch[1] if len(batch) > 1 else [None] * len(metas)
             for meta, out, mask in zip(metas, logits, masks, strict=True):
-                result.rows.extend(task.prediction_rows(meta, out, mask, description, top_k))
+                rows = task.prediction_rows(meta, out, mask, description, top_k)
+                result.rows.extend(rows if masks_out is None else [masks_out(row) for row in rows])
             bar.update(len(metas))
     if not result.rows:
         reasons = "; ".join(f"{name}: {reason}" for name, reason in result.skipped[:3])
         raise ValueError(f"nothing to predict: no input could be read ({reasons or 'no inputs given'})")
     return result
+
+
+def mask_palette(num_classes: int) -> list[tuple[int, int, int]]:
+    """One RGB colour per class: black for class 0 (background), then matplotlib's tab20 colours, repeated."""
+    from matplotlib import colormaps
+
+    colors = [tuple(round(255 * c) for c in rgb) for rgb in colormaps["tab20"].colors]
+    return [(0, 0, 0), *(colors[i % len(colors)] for i in range(num_classes - 1))][:num_classes]
+
+
+def write_mask(mask: Tensor, path: str | Path, num_classes: int) -> Path:
+    """A mask of class indices `[H, W]` as a PNG: a palette image (`mask_palette`) up to 256 classes, 16-bit grey
+    beyond; the pixel values are the class indices either way."""
+    from PIL import Image
+
+    values = mask.cpu().numpy()
+    if num_classes <= 256:
+        image = Image.fromarray(values.astype(np.uint8), mode="P")
+        image.putpalette([channel for color in mask_palette(num_classes) for channel in color])
+    else:
+        image = Image.fromarray(values.astype(np.uint16))
+    image.save(path)
+    return Path(path)
+
+
+class _MaskWriter:
+    """A segmentation row's `mask` (int64 `[H, W]`) written as `mask_dir/<image stem>.png` (a number added when
+    two inputs share a stem), the row then naming the file; `legend.json` (value, class name, colour) written
+    first."""
+
+    def __init__(self, mask_dir: str | Path | None, task: str, names: Sequence[str] | None, num_classes: int) -> None:
+        if mask_dir is None:
+            raise ValueError(f"task {task!r} predicts masks: give the folder to write them to (mask_dir)")
+        self.folder = Path(mask_dir)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.names, self.num_classes = names, num_classes
+        self.used: set[str] = set()
+        self._legend()
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        stem, number = Path(row["input"]).stem, 1
+        name = f"{stem}.png"
+        while name in self.used:
+            number += 1
+            name = f"{stem}_{number}.png"
+        self.used.add(name)
+        return {**row, "mask": str(write_mask(row["mask"], self.folder / name, self.num_classes))}
+
+    def _legend(self) -> None:
+        colors = mask_palette(self.num_classes) if self.num_classes <= 256 else [None] * self.num_classes
+        entries = [
+            {"value": value, "name": self.names[value] if self.names else str(value), "color": color}
+            for value, color in enumerate(colors)
+        ]
+        (self.folder / "legend.json").write_text(json.dumps(entries, indent=1) + "\n")
 
 
 def _read_options(options: Mapping[str, Any], kind: str, task: Task) -> dict[str, Any]:
@@ -435,6 +509,9 @@ _READERS = {"image": _read_images, "dna": _read_fasta, "series": _read_series, "
 
 def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row for CSV: the top-k lists as `class_1, probability_1, class_2, ...`."""
+    if "probabilities" not in row:
+        # other lists (a mask's classes and their shares) as one space-separated cell each
+        return {k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in row.items()}
     flat = {k: v for k, v in row.items() if k not in ("classes", "probabilities")}
     pairs = zip(row.get("classes", []), row.get("probabilities", []), strict=True)
     for rank, (name, probability) in enumerate(pairs, start=1):

@@ -1,8 +1,9 @@
 """The device check's training parts: what users run, timed on the device (`zoo_bench.device_check` runs them).
 
-- `train`: every shipped `recipes/vit_*_1024.yaml` (globbed, so a new recipe is covered with no edit): softmax and
-  the families the GPU work touches first (`FIRST`), then the rest by name, then softmax and window2d + global
-  blocks at 2048 px (`LARGE`): samples/s, peak memory, and the rate over softmax's at the same size in this check.
+- `train`: every shipped `recipes/vit_*_1024.yaml` and `recipes/seg_*_1024.yaml` (globbed, so a new recipe is
+  covered with no edit): softmax and the families the GPU work touches first (`FIRST`), then the rest by name, then
+  softmax and window2d + global blocks at 2048 px (`LARGE`): samples/s, peak memory, and the rate over softmax's at
+  the same size in this check.
 - `compile`: the recipes of `COMPILED` again under `train.compile=true`: the compile time (the first step's time
   past a steady step's) and the rate over the eager run of the `train` part. A torch without the option, or a
   compile that fails, is that item's recorded failure.
@@ -76,7 +77,8 @@ def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
     `large_overrides` on top). A family of `FIRST` that ships no recipe (hedgehog) runs as `vit_softmax_1024` with
     its attention swapped, at the variant's defaults."""
     recipes = REPO_ROOT / "recipes"
-    stems = sorted(path.stem for path in recipes.glob("vit_*_1024.yaml"))
+    # the segmentation recipes at 1024 px too (seg_*_1024: ViTDet's layout, Performer), beside softmax's classifier
+    stems = sorted(path.stem for pattern in ("vit_*_1024.yaml", "seg_*_1024.yaml") for path in recipes.glob(pattern))
     runs = {stem: (f"recipes/{stem}.yaml", ()) for stem in stems}
     if "vit_softmax_1024" in runs:
         for name in FIRST:

@@ -85,7 +85,7 @@ class Segmentation(Task):
         PNG), and the classes it covers, largest share first, with their shares of the image (at most `top_k`)."""
         predicted = outputs.argmax(0)
         counts = torch.bincount(predicted.flatten(), minlength=outputs.shape[0])
-        shares, classes = (counts.float() / predicted.numel()).sort(descending=True)
+        shares, classes = (counts.float() / predicted.numel()).sort(descending=True, stable=True)
         names = description.get("label_names")
         kept = [(c, s) for c, s in zip(classes.tolist(), shares.tolist(), strict=True) if s > 0][:top_k]
         return [
