@@ -4,6 +4,7 @@ from ..tasks.heads import ClassificationHead, ForecastHead, LanguageModelHead, T
 from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class
 from .embeddings import KmerEmbedding, PatchEmbedding, RevIN, TokenEmbedding
 from .generation import generate, supports_recurrent
+from .segmentation import SegmentationViT
 from .sequence import (
     INPUTS,
     POSITIONS,
@@ -37,6 +38,7 @@ __all__ = [
     "RevIN",
     "ReversibleSequence",
     "ReversibleVisionTransformer",
+    "SegmentationViT",
     "SequenceModel",
     "SequenceTransformer",
     "TokenClassificationHead",

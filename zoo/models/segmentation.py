@@ -30,7 +30,7 @@ from timm.layers import LayerNorm2d
 from torch import Tensor, nn
 
 from .._validate import unknown_name
-from .vit import ZooVisionTransformer
+from .vit import DECODER_MODELS, ZooVisionTransformer
 
 __all__ = ["DECODERS", "LinearDecoder", "PyramidDecoder", "SegmentationViT"]
 
@@ -135,3 +135,6 @@ class SegmentationViT(ZooVisionTransformer):
         (features,) = self.forward_intermediates(x, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True)
         logits = self.decoder(features)  # [b, k, h, w] or [b, k, 4h, 4w]
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+
+DECODER_MODELS["segmentation"] = SegmentationViT

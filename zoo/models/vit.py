@@ -288,9 +288,12 @@ def _vit_class(reversible: bool, dense: bool) -> type[ZooVisionTransformer]:
             "a segmentation model (decoder=...) reads the blocks one at a time (forward_intermediates), which "
             "reversible couplings do not allow: build it with reversible=False"
         )
-    from .segmentation import SegmentationViT  # it imports this module
+    return DECODER_MODELS["segmentation"]
 
-    return SegmentationViT
+
+# ViT classes that take a decoder (`decoder=`): zoo.models.segmentation registers its SegmentationViT here (zoo.models
+# imports it), so that this module does not import it back
+DECODER_MODELS: dict[str, type[ZooVisionTransformer]] = {}
 
 
 def _load_pretrained_weights(model: ZooVisionTransformer) -> None:
