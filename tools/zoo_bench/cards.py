@@ -25,7 +25,7 @@ from .recall import summarize_cells
 from .recall_report import GOAL_CELL
 from .recall_speed import frontier, frontier_points
 
-__all__ = ["COLUMNS", "RULES", "Column", "Fact", "cards_markdown", "write_cards"]
+__all__ = ["COLUMNS", "MARGIN", "RULES", "Column", "Fact", "beyond_noise", "cards_markdown", "write_cards"]
 
 GPU_DIR = "benchmarks/nvidia-h100-80gb-hbm3"
 # the fused linear-family kernels, measured on an H200 after the H100's sweep (a later file wins per variant)
@@ -54,6 +54,25 @@ class Column:
 def _load(path: str) -> dict[str, Any] | None:
     file = REPO_ROOT / path
     return json.loads(file.read_text()) if file.exists() else None
+
+
+# "faster" / "slower" only beyond this relative margin, or the repeats' own spread where larger
+MARGIN = 0.05
+
+
+def _spread(record: dict[str, Any] | None) -> float:
+    """The relative spread (max - min over the median) of a timing record's repeats; 0 without repeats."""
+    times = (record or {}).get("fwd_bwd_times") or []
+    return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
+
+
+def beyond_noise(
+    baseline: float, value: float, record: dict | None = None, base_record: dict | None = None, *, time: bool = False
+) -> bool:
+    """Whether `value` beats `baseline` by more than `MARGIN` or the two records' spread: a time (`time`) by being
+    lower, a rate by being higher."""
+    margin = max(MARGIN, _spread(record), _spread(base_record))
+    return value < baseline * (1 - margin) if time else value > baseline * (1 + margin)
 
 
 def _mean(values: list[float]) -> tuple[float, float]:
@@ -191,13 +210,24 @@ def _cpu_time(data: list[dict[str, Any]], name: str) -> Fact | None:
     if not by_length:
         return None
     cells = [_timed(by_length.get(n)) for n in (16384, 65536)]
-    summary = next((d["summary"][name] for d in reversed(data) if name in d["summary"]), {})
-    crossover = summary.get("crossover")
+    summary = next((d.get("summary", {})[name] for d in reversed(data) if name in d.get("summary", {})), {})
+    start = faster_from(by_length, _records(data, "softmax")) if name != "softmax" else None
     # a quadratic variant that edges out softmax at some length is no long-sequence choice: slope >= 1.5
     linear_ish = (summary.get("slope") or 2.0) < 1.5
-    value = crossover.get("length") if crossover and linear_ish else None
-    tail = f"; faster than softmax from {crossover['text']}" if crossover and name != "softmax" else ""
-    return Fact(f"{cells[0]} / {cells[1]}{tail}", value)
+    tail = f"; faster than softmax (by > {MARGIN:.0%}) from {start:,} tokens" if start else ""
+    return Fact(f"{cells[0]} / {cells[1]}{tail}", start if start and linear_ish else None)
+
+
+def faster_from(mine: dict[int, dict[str, Any]], softmax: dict[int, dict[str, Any]]) -> int | None:
+    """The shortest measured length from which the variant is faster than softmax at every longer measured length,
+    beyond the noise (`beyond_noise`); None where it is not faster at the longest."""
+    ok = sorted(n for n in mine if n in softmax and mine[n]["status"] == softmax[n]["status"] == "ok")
+    start = None
+    for n in reversed(ok):
+        if not beyond_noise(softmax[n]["fwd_bwd_s"], mine[n]["fwd_bwd_s"], mine[n], softmax[n], time=True):
+            break
+        start = n
+    return start
 
 
 def _timed(record: dict[str, Any] | None) -> str:
@@ -229,11 +259,20 @@ def _gpu_speed(data: list[dict[str, Any]], name: str) -> Fact | None:
 
 
 def _gpu_correct(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Yes where every case is within tolerance; yes too where fp32 is and only bf16 is past it, because then the
+    device computes the CPU's function and the bf16 gap is rounding (reformer's LSH buckets flip in bf16 on the CPU
+    as well: docs/attention.md); no where fp32 differs or a value is not finite."""
     for results in reversed(data):
         for item in results["parts"].get("correctness", {}).get("items", []):
             if item["variant"] == name:
                 worst = max((c.get(k) or 0.0) for c in item["cases"] if c["dtype"] == "bf16" for k in ("out", "grad_x"))
-                return Fact(("yes" if item["ok"] else "**no**") + f" (bf16 {worst:.1e})", float(item["ok"]))
+                fp32 = all(c["ok"] for c in item["cases"] if c["dtype"] == "fp32")
+                finite = all(c.get("finite", True) for c in item["cases"])
+                if item["ok"]:
+                    return Fact(f"yes (bf16 {worst:.1e})", 1.0)
+                if fp32 and finite:
+                    return Fact(f"yes in fp32; bf16 {worst:.1e} past tolerance (rounding, not the device)", 1.0)
+                return Fact(f"**no** (bf16 {worst:.1e})", 0.0)
     return None
 
 
@@ -246,6 +285,7 @@ COLUMNS = (
             "benchmarks/nvidia-h100-80gb-hbm3/recall.json",
             "benchmarks/cpu/recall_long/recall.json",
             "benchmarks/nvidia-h200/recall_long/recall.json",
+            "benchmarks/cpu/recall_lengths/recall.json",
         ),
         "benchmarks/cpu/recall.md",
         "MQAR test accuracy on the query positions, 2-layer 1-D model, 600 steps (1,500 where marked): the variant's "
@@ -328,6 +368,8 @@ class Rule:
     holds: Callable[[float], bool]
     says: str  # formatted with the fact's value and where
     threshold: str  # the rule as the page states it
+    # the capability the verdict is about: per variant, the first rule of a capability that holds is its one verdict
+    capability: str = ""
 
 
 RULES = (
@@ -341,16 +383,23 @@ RULES = (
     Rule(
         "CPU time and memory at 16K / 64K",
         lambda n: n <= 4096,
-        "long sequences on a CPU (beats softmax from about {value:,.0f} tokens)",
-        "faster than softmax from <= 4K tokens, time growing slower than N^1.5",
+        "long sequences on a CPU (faster than softmax from {value:,.0f} tokens on)",
+        "faster than softmax (beyond the noise) at every measured length from <= 4K tokens on, time growing slower than N^1.5",
     ),
-    Rule("recall (MQAR)", lambda a: a >= 0.9, "tasks that recall tokens (MQAR {value:.2f} at {where})", ">= 0.9"),
-    Rule("recall (MQAR)", lambda a: a < 0.5, "not for recall (MQAR {value:.2f} at {where})", "< 0.5"),
+    Rule(
+        "recall (MQAR)",
+        lambda a: a >= 0.9,
+        "tasks that recall tokens (MQAR {value:.2f} at {where})",
+        ">= 0.9",
+        "recall",
+    ),
+    Rule("recall (MQAR)", lambda a: a < 0.5, "not for recall (MQAR {value:.2f} at {where})", "< 0.5", "recall"),
     Rule(
         "recall-speed frontier",
         lambda on: on == 1.0,
         f"the most recall at its speed at length {GOAL_CELL[0]} (on the recall-throughput frontier)",
-        "on the frontier",
+        "on the frontier, when no recall rule above holds",
+        "recall",
     ),
     Rule("ListOps", lambda s: s >= 32.0, "long-range classification (ListOps {value:.1f})", ">= 32 %"),
     Rule("ListOps", lambda s: s < 20.0, "did not learn ListOps in 600 steps ({value:.1f})", "< 20 %"),
@@ -385,11 +434,14 @@ def _facts(name: str) -> dict[str, Fact | None]:
 
 def pick_this_when(name: str, facts: dict[str, Fact | None]) -> str:
     """The variant's strengths (and the measured limits) as the rules read its facts."""
-    said = []
+    said, decided = [], set()
     for rule in RULES:
         fact = facts.get(rule.column)
-        if fact is not None and fact.value is not None and rule.holds(fact.value):
-            said.append(rule.says.format(value=fact.value, where=fact.where))
+        capability = rule.capability or rule.column
+        if capability in decided or fact is None or fact.value is None or not rule.holds(fact.value):
+            continue
+        decided.add(capability)
+        said.append(rule.says.format(value=fact.value, where=fact.where))
     return "; ".join(said) if said else "no measured strength yet"
 
 
@@ -418,6 +470,11 @@ def cards_markdown() -> str:
     lines += [f"- **{c.title}** ([{c.link}](../{c.link})): {c.what}." for c in COLUMNS]
     lines += ["", "## The rules behind “pick this when”", ""]
     lines += [f"- {rule.column} {rule.threshold}." for rule in RULES]
+    lines += [
+        "",
+        f"Each capability gives one verdict per variant: the first of its rules that holds. “Faster” means by more "
+        f"than {MARGIN:.0%} or the repeats' spread, whichever is larger.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -426,3 +483,10 @@ def write_cards(path: Path | str = REPO_ROOT / "docs" / "cards.md") -> Path:
     path = Path(path)
     path.write_text(cards_markdown())
     return path
+
+
+def write_pages(docs: Path | str = REPO_ROOT / "docs") -> list[Path]:
+    """The cards and the decision page (docs/cards.md, docs/choose.md), from the same committed results."""
+    from .choose import write_choose
+
+    return [write_cards(Path(docs) / "cards.md"), write_choose(Path(docs) / "choose.md")]

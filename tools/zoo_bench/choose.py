@@ -1,0 +1,272 @@
+"""Which attention to pick: `docs/choose.md`, generated from the committed results the cards read (issue 34 item 1).
+
+One answer per setting (images at 256 / 1024 / 2048 px on a GPU and on a CPU, 1-D sequences at 1K / 16K / 64K
+tokens on each, tasks that recall tokens, converting a pretrained softmax ViT): the variant and its options, the
+number the pick rests on and the file it was measured in, or "not measured" and the command that would measure it.
+A variant is picked over softmax only where it is faster by more than the measurement's noise (`MARGIN`, or the
+spread of the repeats where larger); otherwise the answer is softmax, the exact reference. `tools/cards.py` writes
+this page with the cards; the suite checks it is what the committed results give.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .cards import _facts, _load, beyond_noise
+from .machine import REPO_ROOT
+from .recall import summarize_cells
+
+__all__ = ["GPU_TRAIN", "LAYER_FILES", "choose_markdown", "write_choose"]
+
+# the GPU training checks, oldest first: each row's rate is against softmax's in the same file at the same tokens
+GPU_TRAIN = (
+    "benchmarks/nvidia-h100-80gb-hbm3/recheck/device_check.json",
+    "benchmarks/nvidia-h200/device_check.json",
+    "benchmarks/nvidia-h200/fused/train_check.json",
+)
+# one layer (dim 512, 8 heads), forward + backward: device -> files, a later file wins per variant and length
+LAYER_FILES = {
+    "CPU": ("benchmarks/cpu/results.json",),
+    "GPU": (
+        "benchmarks/nvidia-h100-80gb-hbm3/results.json",
+        "benchmarks/nvidia-h100-80gb-hbm3/one_block/results.json",
+        "benchmarks/nvidia-h200/fused/results.json",
+    ),
+}
+HIGHRES = "benchmarks/cpu/highres.json"
+CONVERSION = "benchmarks/cpu/conversion.json"
+RECALL_LENGTHS = ("benchmarks/cpu/recall_lengths/recall.json",)
+# a recipe per image variant (`recipes/vit_<name>_1024.yaml`); the GPU check's run names read `vit_<name>_<px>`
+# or `<name>_<px>`
+GPU_RECALL_COMMAND = (
+    "tools/recall.py --out benchmarks/<gpu>/recall_lengths --lengths 1024 4096 16384 --widths 128 --lrs 1e-3 3e-3 "
+    "--seeds 0 1 --pairs 64 --budget-steps 3000 --jobs 8 --variants softmax linear hedgehog performer "
+    "local:window=256 local:window=1024 reformer:bucket_size=64 bigbird:block_size=64 nystrom:num_landmarks=64"
+)
+IMAGE_COMMAND = "make device-check DEVICE_OUT=benchmarks/<gpu>  (the train part: every vit_*_1024 recipe, two at 2048)"
+
+
+def _train_rows() -> list[dict[str, Any]]:
+    """Every GPU training measurement: run, variant, tokens, samples/s, the same file's softmax rate, file."""
+    rows = []
+    for path in GPU_TRAIN:
+        data = _load(path)
+        items = [i for i in (data or {}).get("parts", {}).get("train", {}).get("items", []) if i.get("ok")]
+        # older checks name the run only (`window2d_global_1024`): the layout is the run's name less its size
+        items = [
+            {**i, "attention": i.get("attention") or i["run"].removeprefix("vit_").rsplit("_", 1)[0]} for i in items
+        ]
+        base = {i["tokens"]: i["samples_per_s"] for i in items if i["attention"] == "softmax"}
+        for item in items:
+            if item["tokens"] in base:
+                rows.append({**item, "softmax": base[item["tokens"]], "file": path, "device": data["device_name"]})
+    return rows
+
+
+def _gpu_images(tokens: int) -> tuple[str, str]:
+    """The pick at `tokens` (4,097: 1024 px; 16,385: 2048 px) from the newest file that measured that size."""
+    rows = [r for r in _train_rows() if r["tokens"] == tokens]
+    if not rows:
+        return "not measured", f"`{IMAGE_COMMAND}`"
+    newest = [r for r in rows if r["file"] == rows[-1]["file"]]
+    best = max(newest, key=lambda r: r["samples_per_s"] / r["softmax"])
+    x = best["samples_per_s"] / best["softmax"]
+    where = f"{best['device']}, `{best['file']}`"
+    if best["attention"] == "softmax" or not beyond_noise(best["softmax"], best["samples_per_s"]):
+        return "`softmax`", f"no variant trains more than {MARGIN_TEXT} faster ({where})"
+    others = ", ".join(f"`{r['attention']}` {r['samples_per_s'] / r['softmax']:.2f}x" for r in newest if r is not best)
+    sets = " ".join(best.get("overrides") or [])
+    text = f"`{best['attention']}` (`{best['recipe']}`{' --set ' + sets if sets else ''})"
+    return text, f"{x:.2f}x softmax's training samples/s ({others}; {where})"
+
+
+def _layer(device: str, length: int) -> tuple[str, str]:
+    """The fastest variant at `length` against softmax (beyond the noise), with its error against exact."""
+    from zoo.attention import list_attentions
+
+    records: dict[str, dict[str, Any]] = {}
+    files, failed = {}, {}
+    for path in LAYER_FILES[device]:
+        for record in (_load(path) or {}).get("records", []):
+            # registered variants only (a file's `projections` row times the projections alone)
+            if record["length"] == length and record["variant"] in list_attentions():
+                (records if record["status"] == "ok" else failed)[record["variant"]] = record
+                files[record["variant"]] = path
+    base = records.get("softmax")
+    if base is None and "softmax" in failed and records:
+        best = min(records.values(), key=lambda r: r["fwd_bwd_s"])
+        why = f"softmax: {failed['softmax']['status']}"
+        return f"`{best['variant']}`", f"{1000 * best['fwd_bwd_s']:.3g} ms, the fastest; {why} (`{files['softmax']}`)"
+    if base is None:
+        what = "--device cuda" if device == "GPU" else "--device cpu"
+        return "not measured", f"`tools/benchmark.py {what} --lengths {length}`"
+    fast = sorted(records.values(), key=lambda r: r["fwd_bwd_s"])
+    # the error against exact at 16K, measured on the CPU
+    errors = {
+        r["variant"]: r.get("rel_error")
+        for p in LAYER_FILES["CPU"]
+        for r in _load(p)["records"]
+        if r["length"] == 16384
+    }
+    best = fast[0]
+    if best["variant"] == "softmax" or not beyond_noise(base["fwd_bwd_s"], best["fwd_bwd_s"], best, base, time=True):
+        return "`softmax`", f"nothing faster by more than {MARGIN_TEXT} (`{files['softmax']}`)"
+    exactish = [r for r in fast if (errors.get(r["variant"]) or 1.0) <= 0.1]
+    tail = ""
+    if exactish and exactish[0] is not best and beyond_noise(base["fwd_bwd_s"], exactish[0]["fwd_bwd_s"], time=True):
+        e = exactish[0]
+        tail = f"; the fastest within 0.1 of exact: `{e['variant']}` {base['fwd_bwd_s'] / e['fwd_bwd_s']:.1f}x"
+    error = errors.get(best["variant"])
+    shown = f", error vs exact {error:.2g} at 16K" if error is not None else ""
+    return (
+        f"`{best['variant']}`",
+        f"{base['fwd_bwd_s'] / best['fwd_bwd_s']:.1f}x softmax ({1000 * best['fwd_bwd_s']:.3g} ms{shown}){tail} "
+        f"(`{files[best['variant']]}`)",
+    )
+
+
+def _cpu_images() -> dict[str, tuple[str, str]]:
+    data = _load(HIGHRES)
+    if data is None:
+        return {}
+    by_layout: dict[str, list[float]] = {}
+    for run in data["runs"]:
+        if run["status"] == "ok":
+            by_layout.setdefault(run["layout"], []).append(100 * run["test"]["top1"])
+    means = {k: (statistics.fmean(v), statistics.pstdev(v)) for k, v in by_layout.items()}
+    best = max(means, key=lambda k: means[k][0])
+    soft = means.get("softmax", (0.0, 0.0))
+    spread = max(means[best][1], soft[1])
+    if best != "softmax" and means[best][0] - soft[0] <= spread:
+        best = "softmax"
+    steps = {k: v["step_s"] for k, v in data["steps"].items() if v.get("status") == "ok"}
+    fastest = min(steps, key=steps.get)
+    return {
+        "256": (
+            f"`{best}`",
+            f"top-1 {means[best][0]:.1f} ± {means[best][1]:.1f} % after {data['protocol']['budget_steps']} steps "
+            f"(softmax {soft[0]:.1f}; a layout beats softmax only by more than the seeds' spread) (`{HIGHRES}`)",
+        ),
+        "2048": (
+            f"`{fastest}`",
+            f"{steps[fastest]:.2f} s per training step at 2048 px against softmax's {steps.get('softmax', 0):.1f} s, "
+            f"one thread (`{HIGHRES}`)",
+        ),
+    }
+
+
+def _recall() -> list[tuple[str, str]]:
+    """The variants that recall (MQAR >= 0.9 at their longest learnable length), best first, and the long lengths."""
+    from zoo.attention import list_attentions
+
+    rows = []
+    for name in list_attentions():
+        fact = _facts(name)["recall (MQAR)"]
+        if fact is not None and fact.value is not None and fact.value >= 0.9 and name not in ("softmax", "softmax1"):
+            rows.append((fact.value, name, fact.text))
+    rows.sort(reverse=True)
+    return [(f"`{name}`", text) for _, name, text in rows]
+
+
+def _long_recall() -> str:
+    """What the sweeps at 1K tokens and beyond hold: measured cells, or why none."""
+    cells, failures = [], []
+    for path in RECALL_LENGTHS:
+        data = _load(path)
+        if data is None:
+            continue
+        for (label, length, width), cell in summarize_cells(data["records"]).items():
+            if cell["status"] == "ok":
+                cells.append(f"{label} {cell['top1']:.3f} at L={length}")
+            else:
+                failures.append(f"{label} at L={length}: {cell['status']} ({cell.get('message', '')}) in `{path}`")
+    if cells:
+        return "; ".join(cells)
+    return "not measured" + (f" (CPU: {'; '.join(failures)})" if failures else "")
+
+
+def _conversion() -> tuple[str, str]:
+    data = _load(CONVERSION)
+    if data is None:
+        return "not measured", "`PYTHONPATH=tools .venv/bin/python -m zoo_bench.conversion`"
+    best = max(data["rows"], key=lambda r: r["stage2"])
+    teacher = data["teacher"]["top1_at_target"]
+    options = ", ".join(f"{k}={v}" for k, v in best["options"].items())
+    return (
+        f"`{best['variant']}`" + (f" ({options})" if options else ""),
+        f"top-1 {100 * best['stage2']:.1f} % against the teacher's {100 * teacher:.1f} at 4x the tokens, "
+        f"{100 * best['scratch']:.1f} from scratch (`{CONVERSION}`)",
+    )
+
+
+def _table(rows: Iterable[tuple[str, str, str]]) -> list[str]:
+    lines = ["| setting | pick | the number it rests on, and where |", "|---|---|---|"]
+    return lines + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+
+
+MARGIN_TEXT = "5 % (or the repeats' spread)"
+
+
+def choose_markdown() -> str:
+    cpu_images = _cpu_images()
+    missing_cpu = ("not measured", f"`PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres` at `--img-size 1024`")
+    gpu_256 = ("not measured", f"`{IMAGE_COMMAND}` with `--set model.img_size=256`")
+    images = [
+        ("256 px, GPU", *gpu_256),
+        ("1024 px, GPU", *_gpu_images(4097)),
+        ("2048 px, GPU", *_gpu_images(16385)),
+        ("256 px, CPU", *cpu_images.get("256", missing_cpu)),
+        ("1024 px, CPU", *missing_cpu),
+        ("2048 px, CPU", *cpu_images.get("2048", missing_cpu)),
+    ]
+    sequences = [
+        (f"{n // 1024}K tokens, {device}", *_layer(device, n))
+        for device in ("GPU", "CPU")
+        for n in (1024, 16384, 65536)
+    ]
+    recall = _recall()
+    lines = [
+        "# Which attention to pick",
+        "",
+        "Generated by `tools/cards.py` from the committed results (do not edit by hand; the suite checks it is "
+        "current). Each pick names the variant, the number it rests on and the file it was measured in; "
+        f"a variant is picked over softmax only when it is faster by more than {MARGIN_TEXT}, else softmax, the "
+        "exact reference. Every variant's measurements: docs/cards.md.",
+        "",
+        "## Images (ViT)",
+        "",
+        *_table(images),
+        "",
+        "## 1-D sequences (one layer, dim 512, 8 heads, forward + backward)",
+        "",
+        *_table(sequences),
+        "",
+        "## Tasks that recall tokens (MQAR)",
+        "",
+        "Variants that recall (MQAR >= 0.9 at the longest length where softmax learned the task): "
+        + ("; ".join(f"{name} {text}" for name, text in recall) if recall else "none measured")
+        + ". Tasks that need no recall: pick by speed above. At 1K, 4K and 16K tokens (long DNA, say): "
+        + _long_recall()
+        + f"; on a GPU: not measured, `{GPU_RECALL_COMMAND}` measures it.",
+        "",
+        "## Converting a pretrained softmax ViT",
+        "",
+        *_table([("to more tokens", *_conversion())]),
+        "",
+        "## The shipped choices",
+        "",
+        "The quickstart and `recipes/vit_performer_1024.yaml` use Performer because it was the project's first "
+        "family and needs no custom kernel on a CPU; the measured pick for a 1024-px GPU run is the one above "
+        "(their comments say so).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_choose(path: Path | str = REPO_ROOT / "docs" / "choose.md") -> Path:
+    _load.cache_clear()
+    path = Path(path)
+    path.write_text(choose_markdown())
+    return path
