@@ -15,6 +15,7 @@ import yaml
 from helpers import reset_accelerate, tiny_vit_recipe, with_sections
 from safetensors.torch import load_file, save_file
 
+import zoo.train._objective
 import zoo.train.loop
 from zoo.config import load_recipe
 from zoo.evaluate import evaluate
@@ -210,7 +211,8 @@ def _nan_on_calls(monkeypatch, calls: set[int]) -> None:
         count["n"] += 1
         return torch.tensor(float("nan")) if count["n"] in calls else torch.zeros(())
 
-    monkeypatch.setattr(zoo.train.loop, "auxiliary_loss", auxiliary_loss)
+    # the task objective's (zoo.train._objective), which every training run's loss goes through
+    monkeypatch.setattr(zoo.train._objective, "auxiliary_loss", auxiliary_loss)
 
 
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_last_good_checkpoint(tmp_path, monkeypatch):
