@@ -19,7 +19,7 @@ CPU (gloo), where accelerate 1.15 enables FSDP only for accelerator devices thou
 switched to FSDP the way accelerate switches a GPU run, so that the tests exercise sharding without a GPU.
 
 Buffers, under both strategies, are process 0's: `sync_buffers` broadcasts every persistent buffer from process 0
-after every optimizer step (the engine and `zoo.train.self_pretrain` call it), and DDP's own broadcast before every
+after every optimizer step (the engine calls it, in every run), and DDP's own broadcast before every
 forward is turned off, so that one rule holds for both. FSDP shards parameters only, and a buffer that a process updates
 from its own batch (BatchNorm's running statistics in the conv stem) drifts apart otherwise. Synchronised BatchNorm was
 the other choice; it is not taken because it covers BatchNorm alone, runs only on GPUs (the CPU tests could not
