@@ -5,15 +5,18 @@ fall back to Python between kernels, so a variant that traces whole has neither.
 `test_attention_registry.py`: each variant is built from its class's `test_options` (B=2, N=37, dim 32, 2 heads),
 in train mode, and compiled with the `eager` backend: Dynamo's tracing (which also speculates the backward of
 every custom autograd Function), none of the code generation, so the file stays fast. The backward then runs on
-the traced forward's output. Once without a mask, once with a key padding mask, causal for the variants with a
-causal mode: the paths a GPU runs with `backend="torch"` (the CPU-only flash-parts path steps aside under compile).
-About 1 s of tracing per variant and call.
+the traced forward's output, and the output and every gradient must equal those of an eager copy. Once without
+a mask, once with a key padding mask, causal for the variants with a causal mode: the paths a GPU runs with
+`backend="torch"` (the CPU-only flash-parts path steps aside under compile). About 1 s of tracing per variant and
+call.
 
 A variant that cannot trace whole is listed in `KNOWN_BREAKS` with the reason; its test is a strict xfail, so it
 fails once the break is gone (take it off the list) as well as for any variant off the list that breaks. Last, a
 training step of a tiny 1-D sequence model (forward and loss traced, backward and optimizer step run), with and
-without padding.
+without padding, against the same step run eagerly.
 """
+
+import copy
 
 import pytest
 import torch
@@ -76,24 +79,38 @@ def many_compilations():
     torch._dynamo.reset()
 
 
+def forward_backward(module: nn.Module, masked: bool, is_causal: bool = False) -> dict[str, torch.Tensor]:
+    """The output (its kept rows when `masked`), the input's and every parameter's gradient of their sum of
+    squares."""
+    x, keep = inputs()
+    rows = module(x, keep, is_causal=is_causal)[keep] if masked else module(x)
+    rows.square().sum().backward()
+    grads = {f"grad {k}": p.grad for k, p in module.named_parameters() if p.requires_grad}
+    return {"out": rows.detach(), "grad x": x.grad, **grads}
+
+
+def assert_compiled_equals_eager(name: str, masked: bool) -> None:
+    """The variant compiled whole (fullgraph) against a copy of it run eagerly: outputs and every gradient (the
+    compiled paths may differ from eager's, e.g. the flash parts step aside, hence a tolerance)."""
+    module = build(name)
+    eager = copy.deepcopy(module)
+    compiled = torch.compile(module, backend="eager", fullgraph=True, dynamic=False)
+    is_causal = masked and get_attention(name).supports_causal
+    got, want = forward_backward(compiled, masked, is_causal), forward_backward(eager, masked, is_causal)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] is not None, key
+        torch.testing.assert_close(got[key], value, atol=1e-5, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
 @pytest.mark.parametrize("name", variants())
 def test_the_training_forward_traces_into_one_graph(name):
-    module = build(name)
-    x, _ = inputs()
-    out = torch.compile(module, backend="eager", fullgraph=True, dynamic=False)(x)
-    out.square().sum().backward()
-    assert torch.isfinite(out).all()
-    assert all(p.grad is not None for p in module.parameters() if p.requires_grad)
+    assert_compiled_equals_eager(name, masked=False)
 
 
 @pytest.mark.parametrize("name", variants())
 def test_the_masked_and_causal_forward_traces_into_one_graph(name):
-    module = build(name)
-    x, keep = inputs()
-    compiled = torch.compile(module, backend="eager", fullgraph=True, dynamic=False)
-    out = compiled(x, keep, is_causal=get_attention(name).supports_causal)
-    out[keep].square().sum().backward()
-    assert torch.isfinite(out[keep]).all()
+    assert_compiled_equals_eager(name, masked=True)
 
 
 PADDED_MODEL_BREAK = (
@@ -120,16 +137,25 @@ def test_a_training_step_of_the_1d_model_traces_into_one_graph(padded):
         vocab_size=11,
         seq_len=LENGTH,
     ).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens, targets = torch.randint(0, 11, (BATCH, LENGTH)), torch.tensor([0, 2])
     _, keep = inputs()
+    mask = keep if padded else None
 
-    def loss_of(tokens, mask, targets):
-        return nn.functional.cross_entropy(model(tokens, mask), targets)
+    def loss_of(net, tokens, mask, targets):
+        return nn.functional.cross_entropy(net(tokens, mask), targets)
 
-    loss = torch.compile(loss_of, backend="eager", fullgraph=True, dynamic=False)(
-        tokens, keep if padded else None, targets
-    )
-    loss.backward()
-    optimizer.step()
-    assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in model.parameters())
+    # the same step eagerly on a copy, then traced: the loss and the stepped weights must agree
+    steps = []
+    for net, step in (
+        (copy.deepcopy(model), loss_of),
+        (model, torch.compile(loss_of, backend="eager", fullgraph=True, dynamic=False)),
+    ):
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        loss = step(net, tokens, mask, targets)
+        loss.backward()
+        optimizer.step()
+        steps.append((loss.detach(), dict(net.named_parameters())))
+    (want_loss, want), (got_loss, got) = steps
+    torch.testing.assert_close(got_loss, want_loss, atol=1e-6, rtol=1e-5)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, atol=1e-6, rtol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
