@@ -44,6 +44,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1], metavar="S")
     parser.add_argument("--lrs", nargs="+", type=float, default=list(DEFAULT_LRS), metavar="LR")
     parser.add_argument("--budget-steps", type=int, metavar="N", help="steps per run (default: the recipe's)")
+    parser.add_argument(
+        "--pairs", type=int, metavar="P", help="key-value pairs at every length (default: L / 8, Zoology's grid)"
+    )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="recipe overrides every run gets, e.g. data.batch_size=8 data.val_samples=64 (kept in the protocol)",
+    )
     parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/recall)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per process (default: %(default)s)")
@@ -101,6 +112,8 @@ def main() -> None:
         retry_failed=args.retry_failed,
         jobs=args.jobs,
         stop_after=args.stop_after,
+        pairs=args.pairs,
+        sets=args.sets,
         command=shlex.join(["tools/recall.py", *sys.argv[1:]]),
         log=print,
     )

@@ -67,6 +67,8 @@ def test_every_run_of_the_grid_with_its_cell_settings(tmp_path, fake):
     assert {(call[1], call[6]["max_seq_len"]) for call in fake.calls if call[0] == "linformer"} == {(16, 16), (32, 32)}
     assert cell_data(128) == {"seq_len": 128, "vocab_size": 256, "num_kv_pairs": 16}
     assert cell_data(64) == {"seq_len": 64, "vocab_size": 128, "num_kv_pairs": 8}
+    # a fixed number of pairs at every length: the long-length protocol (recall over distance)
+    assert cell_data(4096, 8) == {"seq_len": 4096, "vocab_size": 8192, "num_kv_pairs": 8}
 
 
 @pytest.mark.usefixtures("undrawn")

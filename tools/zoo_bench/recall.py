@@ -128,10 +128,13 @@ def variant_spec(label: str) -> str:
     return f"{name}:{inner.rstrip(')')}" if inner else name
 
 
-def cell_data(length: int) -> dict[str, int]:
-    """MQAR's options at `length`: vocabulary `max(2 L, 128)` (Zoology needs it above L), `L / 8` pairs."""
+def cell_data(length: int, pairs: int | None = None) -> dict[str, int]:
+    """MQAR's options at `length`: vocabulary `max(2 L, 128)` (Zoology needs it above L), `L / 8` pairs, or `pairs`
+    (a fixed count: recall over distance rather than capacity, the long-length protocol a CPU affords)."""
     check_int("length", length, 16)
-    return {"seq_len": length, "vocab_size": max(2 * length, 128), "num_kv_pairs": length // 8}
+    if pairs is not None:
+        check_int("pairs", pairs, 1)
+    return {"seq_len": length, "vocab_size": max(2 * length, 128), "num_kv_pairs": pairs or length // 8}
 
 
 # The floats of state one layer keeps to answer a query (Based's recall-vs-state x-axis), per family, with d the
@@ -199,13 +202,13 @@ def run_key(record: dict[str, Any]) -> tuple:
     return record["label"], record["length"], record["width"], record["seed"], record["lr"]
 
 
-def _sets(variant: Variant, length: int, width: int, lr: float) -> tuple[str, ...]:
-    """The `--set` items of one run beyond the leaderboard's (variant, steps, seed)."""
-    data = cell_data(length)
+def _sets(variant: Variant, length: int, width: int, lr: float, proto: dict[str, Any]) -> tuple[str, ...]:
+    """The `--set` items of one run beyond the leaderboard's (variant, steps, seed); the sweep's own `sets` last."""
+    data = cell_data(length, proto.get("pairs"))
     task = "causal_token_classification" if variant.causal else "token_classification"
     items = [f"data.options.{key}={value}" for key, value in data.items()]
     items += [f"model.embed_dim={width}", f"optim.lr={lr}", f"task={task}"]
-    return tuple(items)
+    return tuple(items + list(proto.get("sets") or ()))
 
 
 def _val_accuracy(run_dir: Path) -> float | None:
@@ -236,7 +239,7 @@ def _earlier(path: Path, proto: dict[str, Any], log: Callable[[str], None]) -> l
     return saved["records"]
 
 
-_RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention")
+_RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention", "pairs", "sets")
 
 
 def run_recall(
@@ -254,6 +257,8 @@ def run_recall(
     retry_failed: bool = False,
     jobs: int = 1,
     stop_after: float | None = None,
+    pairs: int | None = None,
+    sets: Sequence[str] = (),
     command: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
@@ -265,12 +270,14 @@ def run_recall(
     its longer lengths at that width, unrun (they would fail the same way): they are recorded as skipped with the
     reason. The figure is redrawn at most once a minute while the sweep runs, and at its end. `stop_after`: seconds
     after which no run starts (those running finish), so a lease of fixed length ends with every finished run saved;
-    the sweep resumes from there.
+    the sweep resumes from there. `pairs`: a fixed number of key-value pairs at every length (default L / 8);
+    `sets`: `--set` items every run gets (batch size, sample counts: the long-length protocol), kept in the protocol.
     """
     from .recall_report import write_report
 
     recipe_path = Path(recipe_path).resolve()
-    recipe = recipe_to_dict(load_recipe(recipe_path))
+    # the protocol states the recipe as the runs see it, `sets` applied (their batch size, say)
+    recipe = recipe_to_dict(load_recipe(recipe_path, list(sets)))
     budget_steps = recipe["train"].get("max_steps") if budget_steps is None else budget_steps
     check_int("budget_steps", budget_steps, 1)
     check_int("jobs", jobs, 1)
@@ -278,10 +285,12 @@ def run_recall(
         raise ValueError(f"stop_after must be a number of seconds >= 0, got {stop_after!r}")
     parsed = [parse_variant(text) for text in variants]
     for length in lengths:
-        cell_data(length)
+        cell_data(length, pairs)
     proto = protocol(recipe_path, recipe, budget_steps, default_device())
     proto.update(
-        grid="MQAR at vocabulary max(2 L, 128) and L / 8 pairs; causal attention where the variant has it",
+        grid=f"MQAR at vocabulary max(2 L, 128) and {pairs or 'L / 8'} pairs; causal attention where the variant has it",
+        pairs=pairs,
+        sets=list(sets) or None,
         cell_rule="the lr with the best mean validation accuracy over the seeds; its test accuracy, mean and std",
         state_formulas=STATE_FORMULAS,
     )
@@ -318,7 +327,7 @@ def run_recall(
             return
         with lock:
             earlier = list(records)
-        record = _one_run(recipe_path, recipe, variant, key, earlier, budget_steps, runs_dir, timeout)
+        record = _one_run(recipe_path, recipe, variant, key, earlier, budget_steps, runs_dir, timeout, proto)
         with lock:
             records.append(record)
             log(_describe(record))
@@ -360,7 +369,9 @@ def _plan(proto: dict[str, Any], variants: list[Variant], lengths, widths, seeds
     known.update({v.label: {"name": v.name, "options": v.options, "causal": v.causal} for v in variants})
 
 
-def _one_run(recipe_path, recipe, variant: Variant, key: tuple, records, budget_steps, runs_dir, timeout) -> dict:
+def _one_run(
+    recipe_path, recipe, variant: Variant, key: tuple, records, budget_steps, runs_dir, timeout, proto
+) -> dict:
     label, length, width, seed, lr = key
     base = {"label": label, "variant": variant.name, "length": length, "width": width, "seed": seed, "lr": lr}
     base["causal"] = variant.causal
@@ -376,7 +387,7 @@ def _one_run(recipe_path, recipe, variant: Variant, key: tuple, records, budget_
         return {**base, "status": "skipped", "message": f"{reason}: {first.get('message', '')}"}
     run_dir = Path(runs_dir) / f"{label}_L{length}_d{width}_s{seed}_lr{lr:g}"
     options = variant.options_at(length)
-    extra = _sets(variant, length, width, lr)
+    extra = _sets(variant, length, width, lr, proto)
     record = train_and_test(
         recipe_path, recipe, variant.name, seed, budget_steps, run_dir, options=options, timeout=timeout, extra=extra
     )
