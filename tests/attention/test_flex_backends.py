@@ -89,12 +89,18 @@ def test_reference_wins_over_auto(name, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("reference=True must not run FlexAttention")
 
+    # what the reference must compute: the torch path's function, before FlexAttention is forced on
+    torch_path = zoo.create_attention(name, DIM, HEADS, backend="torch", **options_of(name)).eval()
+    x = inputs()[0]
+    with torch.no_grad():
+        expected = torch_path(x)
     monkeypatch.setattr(importlib.import_module(f"zoo.attention.{name}"), "flex_attend", refuse)
     monkeypatch.setattr(importlib.import_module(f"zoo.attention.{name}"), "use_flex", lambda *args: True)
-    torch.manual_seed(0)
     attention = zoo.create_attention(name, DIM, HEADS, reference=True, **options_of(name)).eval()
+    # the same weights and random buffers
+    attention.load_state_dict(torch_path.state_dict())
     with torch.no_grad():
-        assert torch.isfinite(attention(inputs()[0])).all()
+        torch.testing.assert_close(attention(x), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_flex_backend_refuses_a_cpu_backward():
