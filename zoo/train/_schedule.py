@@ -5,6 +5,8 @@ optimizer step (`scheduler.step_update(step)`): linear warm-up from `schedule.wa
 
 from __future__ import annotations
 
+import logging
+
 from timm.scheduler import create_scheduler_v2
 from timm.scheduler.scheduler import Scheduler
 from torch.optim import Optimizer
@@ -13,13 +15,29 @@ from ..config import ScheduleConfig
 
 __all__ = ["build_scheduler"]
 
+_logger = logging.getLogger(__name__)
+
 # `step`: ten times lower at each third of the run
 _STEP_DECAY_RATE = 0.1
 _STEP_PHASES = 3
 
 
 def build_scheduler(optimizer: Optimizer, schedule: ScheduleConfig, total_steps: int) -> Scheduler:
-    """timm's scheduler for `schedule` over `total_steps` optimizer steps, counted in steps (not epochs)."""
+    """timm's scheduler for `schedule` over `total_steps` optimizer steps, counted in steps (not epochs); a warm-up
+    at or beyond the run's steps, which never reaches the peak rate, is named in a warning with the fix."""
+    if schedule.warmup_steps >= total_steps > 0:
+        peak = max(group["lr"] for group in optimizer.param_groups)
+        reached = schedule.warmup_lr + (peak - schedule.warmup_lr) * (total_steps - 1) / schedule.warmup_steps
+        _logger.warning(
+            "schedule.warmup_steps %d is at or beyond the run's %d steps: the learning rate ends its warm-up at %.3g, "
+            "never reaching optim.lr %.3g; set schedule.warmup_steps below %d (e.g. %d)",
+            schedule.warmup_steps,
+            total_steps,
+            reached,
+            peak,
+            total_steps,
+            max(total_steps // 10, 0),
+        )
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched=schedule.name,

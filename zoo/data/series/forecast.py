@@ -159,11 +159,15 @@ class ForecastWindows(Dataset):
         return self.num_windows
 
     def baselines(self, train_set: "ForecastWindows") -> dict[str, dict[str, float]]:
-        """MSE and MAE of the linear map fit on ``train_set`` and, where the series' season (``season`` steps) fits
-        in the look-back, of the seasonal-naive forecast, on this split's windows."""
+        """MSE and MAE of the linear map fit on ``train_set`` and of the seasonal-naive forecast, on this split's
+        windows: with the series' season (``season`` steps) where it is known and fits in the look-back, else
+        ``naive``, the last value repeated (seasonal-naive with a season of one step), so that every series, your
+        CSV's too, is scored against both baselines the README names."""
         scores = {"linear": linear_forecast_scores(train_set, self)}
         if self.season is not None and self.season <= self.lookback:
             scores["seasonal_naive"] = seasonal_naive_scores(self, period=self.season)
+        else:
+            scores["naive"] = seasonal_naive_scores(self, period=1)
         return scores
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
