@@ -58,7 +58,7 @@ def test_make_target_runs_the_tool_on_the_cpu_profile(tmp_path):
     assert f"tools/device_check.py --device cpu --out {tmp_path} --budget-scale 2" in line
 
 
-def test_make_target_runs_every_part_on_the_cpu(cpu_check):
+def test_every_part_runs_on_the_cpu(cpu_check):
     out, results = cpu_check
     assert list(results["parts"]) == list(PARTS)
     for name, part in results["parts"].items():
