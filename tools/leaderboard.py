@@ -21,8 +21,9 @@ from pathlib import Path
 
 from zoo.attention import list_attentions
 from zoo.cli import add_overrides, run_cli
-from zoo_bench.leaderboard import run_leaderboard
-from zoo_bench.machine import default_device, device_slug
+from zoo.config import load_recipe
+from zoo_bench.leaderboard import default_out, run_leaderboard
+from zoo_bench.machine import default_device
 from zoo_bench.sweep import parse_options
 
 
@@ -56,7 +57,11 @@ def parse_args() -> argparse.Namespace:
         "a recipe override for every run (train.pretrain.objective=mlm, say); pass another --out",
         dest="sets",
     )
-    parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
+    parser.add_argument(
+        "--out",
+        help="output directory (default: benchmarks/<device name>, or benchmarks/<device name>-<machine> where the "
+        "former holds this task's sweep from another machine)",
+    )
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/leaderboard/<task>)")
     parser.add_argument(
         "--timeout",
@@ -72,7 +77,7 @@ def main() -> None:
     args = parse_args()
     # the recipe takes a variant's own options only (timm's shared arguments are the model's)
     options = parse_options(args.options, args.variants or list_attentions(), shared=False)
-    out = Path(args.out) if args.out else Path("benchmarks") / device_slug(default_device())
+    out = Path(args.out) if args.out else default_out(load_recipe(args.recipe).name, default_device())
     results = run_leaderboard(
         args.recipe,
         out,

@@ -43,7 +43,7 @@ from zoo._validate import check_int
 from zoo.attention import get_attention, list_attentions
 from zoo.config import load_recipe, recipe_to_dict
 
-from .machine import default_device, device_name, shown_path, versions
+from .machine import default_device, device_name, device_slug, shown_path, versions
 
 __all__ = ["FAILED", "default_variants", "read_run", "run_leaderboard", "train_and_test"]
 
@@ -251,6 +251,17 @@ def protocol(
         f"train.max_steps={budget_steps} train.epochs={budget_steps} seed=S{sets}",
         "sets": list(extra),
     }
+
+
+def default_out(task: str, device: str, root: Path = Path("benchmarks")) -> Path:
+    """Where a sweep writes without `--out`: `root/<device>`, unless its `leaderboard_<task>.json` was measured on
+    another machine (the committed CPU tables): then `root/<device>-<this machine's CPU or GPU model>`, so the
+    README's command runs on any machine and leaves the committed table as it was."""
+    out = root / device_slug(device)
+    saved = out / f"leaderboard_{task}.json"
+    if saved.is_file() and json.loads(saved.read_text())["protocol"].get("device_name") != device_name(device):
+        return root / f"{device_slug(device)}-{re.sub(r'[^a-z0-9]+', '-', device_name(device).lower()).strip('-')}"
+    return out
 
 
 _RESUME_KEYS = ("task", "budget_steps", "device_name", "recipe_attention", "sets")
