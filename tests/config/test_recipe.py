@@ -372,10 +372,11 @@ def test_empty_section_keeps_base(tmp_path):
     assert load_recipe(write(tmp_path / "r.yaml", "base: a.yaml\nmodel:\n")).model.depth == 3
 
 
-def test_error_in_base_names_the_base(inherited):
+def test_error_in_base_names_the_recipe_and_the_base(inherited):
     base = inherited.parent.parent / "parts" / "vit.yaml"
     write(base, "base: root.yaml\ntrain: {epochs: 0}\n")
-    with pytest.raises(RecipeError, match=r"parts/vit\.yaml: train\.epochs: expected an integer >= 1, got 0"):
+    expected = r"child\.yaml: train\.epochs: expected an integer >= 1, got 0 \(set in its base .*parts/vit\.yaml\)"
+    with pytest.raises(RecipeError, match=expected):
         load_recipe(inherited)
 
 

@@ -77,7 +77,12 @@ def _build_recipe(tree: Mapping, origins: Mapping[str, str], default_source: str
     try:
         return build(Recipe, tree, "")
     except RecipeError as err:
-        raise RecipeError(err.problem, source=source_of(err.key, origins, default_source), key=err.key) from None
+        source = source_of(err.key, origins, default_source)
+        if source == default_source or source.startswith("override "):
+            raise RecipeError(err.problem, source=source, key=err.key) from None
+        # a key from a base: name the file the user wrote, and the base that set it
+        problem = f"{err.problem} (set in its base {source})"
+        raise RecipeError(problem, source=default_source, key=err.key) from None
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:

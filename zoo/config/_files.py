@@ -1,9 +1,16 @@
 """Reading recipe files: YAML 1.2 scalars, duplicate keys refused, ``base:`` layers merged in order, ``KEY=VALUE``
-overrides, and the source (file or override) of every key path, for errors that name it."""
+overrides, and the source (file or override) of every key path, for errors that name it.
+
+Rules a copied recipe survives: a relative ``base:`` not found beside the file is looked up in the project's
+``recipes/`` (with a warning naming the file used); a layer that changes ``data.name``, ``model.attention.name`` or
+``model.kind`` starts that section's options from empty (the base's options belong to the base's choice); an explicit
+``{}`` empties a section (null keeps it)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import re
 from collections.abc import Hashable, Mapping
 from pathlib import Path
@@ -13,7 +20,12 @@ import yaml
 
 from .._schema import RecipeError, join, show
 
-__all__ = ["Dumper", "apply_override", "layers", "merge", "parse_yaml", "source_of"]
+__all__ = ["PROJECT_RECIPES", "Dumper", "apply_override", "layers", "merge", "parse_yaml", "source_of"]
+
+_logger = logging.getLogger(__name__)
+
+# the shipped recipes: where a copied recipe's relative `base:` is found when it is not beside the copy
+PROJECT_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 # YAML 1.2 booleans and floats: `no` stays a string, `1e-3` is a float.
@@ -100,8 +112,18 @@ def _base_paths(value: Any, path: Path) -> list[Path]:
         if not isinstance(entry, str) or not entry:
             raise RecipeError(f"expected a path, got {show(entry)}", source=str(path), key=key)
         base = Path(entry).expanduser()
-        bases.append(base if base.is_absolute() else path.parent / base)
+        bases.append(base if base.is_absolute() else _relative_base(base, path))
     return bases
+
+
+def _relative_base(base: Path, path: Path) -> Path:
+    """`base` beside `path`, else the project's (a recipe copied out of recipes/ keeps working, with a warning)."""
+    beside = path.parent / base
+    shipped = PROJECT_RECIPES / base
+    if beside.exists() or not shipped.is_file():
+        return beside
+    _logger.warning("%s: base %s is not beside it: using the project's %s", path, base, shipped)
+    return shipped
 
 
 def layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
@@ -120,15 +142,50 @@ def layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
     return found
 
 
+# section -> the key that picks what its options mean; a layer that changes that key drops the base's options
+_SWITCHES = {"data": "name", "model.attention": "name", "model": "kind"}
+
+
+def _shared_model_keys() -> set[str]:
+    from ._config import ModelConfig
+
+    return {f.name for f in dataclasses.fields(ModelConfig)} - {"options"}
+
+
+def _default_choice(path: str) -> Any:
+    """The name or kind a section has when no layer sets it (the dataclasses' defaults)."""
+    from ..attention._config import AttentionConfig
+    from ._config import DataConfig, ModelConfig
+
+    section = {"data": DataConfig, "model.attention": AttentionConfig, "model": ModelConfig}[path]
+    return next(f.default for f in dataclasses.fields(section) if f.name == _SWITCHES[path])
+
+
+def _switch(dst: dict, src: Mapping, path: str, origins: dict[str, str]) -> None:
+    """Drop `dst`'s options when `src` changes the section's name or kind (`_SWITCHES`), and their origins."""
+    key = _SWITCHES.get(path)
+    if key is None or key not in src or not dst or src[key] == dst.get(key, _default_choice(path)):
+        return
+    # model.kind's options are flat in `model`: every key but the shared ones
+    dropped = [k for k in dst if k not in _shared_model_keys()] if path == "model" else ["options"]
+    for name in dropped:
+        dst.pop(name, None)
+        inner = join(path, name)
+        for origin in [o for o in origins if o == inner or o.startswith((inner + ".", inner + "["))]:
+            del origins[origin]
+
+
 def merge(dst: dict, src: Mapping, source: str, origins: dict[str, str], prefix: str = "") -> None:
     """Deep-merge ``src`` into ``dst``, recording which source set each key path.
 
-    An empty section (``model:`` with nothing under it, i.e. null) over a mapping keeps the mapping.
+    An empty section (``model:`` with nothing under it, i.e. null) over a mapping keeps the mapping; an explicit
+    ``{}`` empties it. A section whose name or kind ``src`` changes (``_SWITCHES``) starts its options from empty.
     """
+    _switch(dst, src, prefix, origins)
     for key, value in src.items():
         path = join(prefix, key)
         old = dst.get(key)
-        if isinstance(old, dict) and (isinstance(value, Mapping) or value is None):
+        if isinstance(old, dict) and (value is None or (isinstance(value, Mapping) and value)):
             merge(old, value or {}, source, origins, path)
         else:
             dst[key] = copy.deepcopy(value)
