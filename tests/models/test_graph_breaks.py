@@ -79,11 +79,11 @@ def many_compilations():
     torch._dynamo.reset()
 
 
-def forward_backward(module: nn.Module, masked: bool, is_causal: bool = False) -> dict[str, torch.Tensor]:
-    """The output (its kept rows when `masked`), the input's and every parameter's gradient of their sum of
-    squares."""
+def forward_backward(forward, module: nn.Module, masked: bool, is_causal: bool) -> dict[str, torch.Tensor]:
+    """The output of `forward` (`module` or its compiled form; its kept rows when `masked`), the input's and every
+    parameter's gradient of their sum of squares."""
     x, keep = inputs()
-    rows = module(x, keep, is_causal=is_causal)[keep] if masked else module(x)
+    rows = forward(x, keep, is_causal=is_causal)[keep] if masked else forward(x)
     rows.square().sum().backward()
     grads = {f"grad {k}": p.grad for k, p in module.named_parameters() if p.requires_grad}
     return {"out": rows.detach(), "grad x": x.grad, **grads}
@@ -96,7 +96,8 @@ def assert_compiled_equals_eager(name: str, masked: bool) -> None:
     eager = copy.deepcopy(module)
     compiled = torch.compile(module, backend="eager", fullgraph=True, dynamic=False)
     is_causal = masked and get_attention(name).supports_causal
-    got, want = forward_backward(compiled, masked, is_causal), forward_backward(eager, masked, is_causal)
+    got = forward_backward(compiled, module, masked, is_causal)
+    want = forward_backward(eager, eager, masked, is_causal)
     assert got.keys() == want.keys()
     for key, value in want.items():
         assert got[key] is not None, key
