@@ -39,11 +39,12 @@ from odd_inputs import (
 from PIL import Image
 
 import zoo
-from zoo.config import DataConfig, load_recipe, recipe_from_dict
+from zoo.config import DataConfig, ScheduleConfig, load_recipe, recipe_from_dict
 from zoo.data import DataContext, build_dataset
 from zoo.data._registry import DEFAULT_NUM_SAMPLES
 from zoo.data.images.decode import open_image
 from zoo.predict import predict
+from zoo.train._schedule import build_scheduler
 from zoo.train.loop import Trainer, build_split
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,6 +276,11 @@ def _recipe_case(tmp: Path, data: dict, base: dict | None = None) -> Any:
     return build_split(recipe, "train")
 
 
+def _copied_recipe(tmp: Path, runs: Runs) -> Any:
+    """A shipped recipe copied alone into a folder of the user's: its relative base is not beside it."""
+    return load_recipe(shutil.copy(ROOT / "recipes" / "vit_linear_1024.yaml", tmp / "mine.yaml"))
+
+
 def _every_series(dataset: Any) -> None:
     assert len(dataset) == 8
 
@@ -479,6 +485,17 @@ CASES = [
         "name": "csv", "root": str(csv_splits(t / "series")), "train_samples": None},
         base={"data": {"train_samples": 5}})),
          "reads"),
+    Case("recipe-copied-without-its-base", "recipe", _copied_recipe, "warns",
+         r"base base/vit_megamnist_1024\.yaml is not beside it: using the project's .*recipes/base/vit_megamnist_1024"),
+    Case("recipe-base-of-another-dataset", "recipe", lambda t, r: _every_series(_recipe_case(
+        t, {"name": "csv", "root": str(csv_splits(t / "series"))},
+        base={"data": {"name": "megamnist", "options": {"canvas_size": 64}}})), "reads"),
+    Case("recipe-unknown-key-in-base", "recipe", lambda t, r: _recipe_case(
+        t, {"name": "csv", "root": str(csv_splits(t / "series"))}, base={"data": {"batch_sise": 4}}),
+         "refused", r"odd\.yaml: data\.batch_sise: .*\(set in its base .*base\.yaml\)"),
+    Case("schedule-warmup-beyond-run", "recipe", lambda t, r: build_scheduler(
+        torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3), ScheduleConfig(warmup_steps=40), 30),
+         "warns", r"schedule\.warmup_steps 40 is at or beyond the run's 30 steps.*set schedule\.warmup_steps below 30"),
     # run folders and weights files
     Case("run-eval-on-a-plain-folder", "run folder", _not_a_run, "error", r"photos/recipe\.yaml does not exist"),
     Case("run-without-checkpoints", "run folder", _run_without_checkpoint, "error",

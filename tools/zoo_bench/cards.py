@@ -384,7 +384,8 @@ RULES = (
         "CPU time and memory at 16K / 64K",
         lambda n: n <= 4096,
         "long sequences on a CPU (faster than softmax from {value:,.0f} tokens on)",
-        "faster than softmax (beyond the noise) at every measured length from <= 4K tokens on, time growing slower than N^1.5",
+        "faster than softmax (beyond the noise) at every measured length from <= 4K tokens on, time growing slower "
+        "than N^1.5",
     ),
     Rule(
         "recall (MQAR)",

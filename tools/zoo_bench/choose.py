@@ -178,7 +178,7 @@ def _long_recall() -> str:
         data = _load(path)
         if data is None:
             continue
-        for (label, length, width), cell in summarize_cells(data["records"]).items():
+        for (label, length, _), cell in summarize_cells(data["records"]).items():
             if cell["status"] == "ok":
                 cells.append(f"{label} {cell['top1']:.3f} at L={length}")
             else:
@@ -212,8 +212,16 @@ MARGIN_TEXT = "5 % (or the repeats' spread)"
 
 def choose_markdown() -> str:
     cpu_images = _cpu_images()
-    missing_cpu = ("not measured", f"`PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres` at `--img-size 1024`")
-    gpu_256 = ("not measured", f"`{IMAGE_COMMAND}` with `--set model.img_size=256`")
+    missing_cpu = (
+        "not measured",
+        "`PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres --img-size 1024 --out benchmarks/cpu/highres_1024.md`"
+        " (its timed step at 1024 px)",
+    )
+    gpu_256 = (
+        "not measured",
+        "`PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres --out benchmarks/<gpu>/highres.md` on a GPU machine "
+        "(the CPU row's 256-px sweep)",
+    )
     images = [
         ("256 px, GPU", *gpu_256),
         ("1024 px, GPU", *_gpu_images(4097)),
@@ -239,6 +247,17 @@ def choose_markdown() -> str:
         "## Images (ViT)",
         "",
         *_table(images),
+        "",
+        "Every GPU training measurement behind the image rows (ViT, bf16, one real batch repeated; against softmax "
+        "in the same file at the same tokens):",
+        "",
+        "| run | tokens | samples/s | vs softmax | GPU | file |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| `{r['run']}` | {r['tokens']:,} | {r['samples_per_s']:.1f} | {r['samples_per_s'] / r['softmax']:.2f}x "
+            f"| {r['device']} | `{r['file']}` |"
+            for r in _train_rows()
+        ),
         "",
         "## 1-D sequences (one layer, dim 512, 8 heads, forward + backward)",
         "",

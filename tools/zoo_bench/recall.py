@@ -288,7 +288,8 @@ def run_recall(
         cell_data(length, pairs)
     proto = protocol(recipe_path, recipe, budget_steps, default_device())
     proto.update(
-        grid=f"MQAR at vocabulary max(2 L, 128) and {pairs or 'L / 8'} pairs; causal attention where the variant has it",
+        grid=f"MQAR at vocabulary max(2 L, 128) and {pairs or 'L / 8'} pairs; causal attention where the variant "
+        "has it",
         pairs=pairs,
         sets=list(sets) or None,
         cell_rule="the lr with the best mean validation accuracy over the seeds; its test accuracy, mean and std",
