@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The suite runs in this many processes (pytest-xdist), one torch thread each: both cores of a 2-core machine busy.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install data-deps quickstart test test-fast test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres clean
+.PHONY: install data-deps quickstart test test-fast test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres bench-seg clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -150,6 +150,13 @@ bench-conversion: $(STAMP)
 # one training step of each at 2048 px (16,384 tokens). It resumes from benchmarks/cpu/highres.json.
 bench-highres: $(STAMP)
 	PYTHONPATH=tools $(PY) -m zoo_bench.highres --out benchmarks/cpu/highres.md
+
+# The segmentation comparison behind benchmarks/cpu/seg_megamnist_quick.md (tools/zoo_bench/seg_bench.py):
+# recipes/seg_megamnist_quick.yaml with softmax, window2d, window2d + global blocks, neighborhood, local, linear and
+# performer, 30 steps x 2 seeds each (about 25 minutes on a busy 2-core machine); one thread per run, so that runs
+# on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
+bench-seg: $(STAMP)
+	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.seg_bench --out benchmarks/cpu/seg_megamnist_quick.md
 
 # Every folder that holds Python files (the benchmark code is tools/zoo_bench; benchmarks/ holds only results).
 lint: $(STAMP)

@@ -191,6 +191,20 @@ def _highres(data: list[dict[str, Any]], name: str) -> Fact | None:
     return None
 
 
+def _segmentation(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Test mIoU % of the quick segmentation recipe (mean over seeds) of the plain layout, beside the all-background
+    rule's."""
+    for results in data:
+        row = results["summary"]["layouts"].get(name)
+        if row and row["miou"] is not None:
+            spread = 100 * (row["miou_spread"] or 0.0)
+            background = results["summary"]["all_background"]["miou"]
+            return Fact(
+                f"{100 * row['miou']:.1f} ± {spread:.1f} (all-background {100 * background:.1f})", 100 * row["miou"]
+            )
+    return None
+
+
 def _conversion(data: list[dict[str, Any]], name: str) -> Fact | None:
     for results in data:
         for row in (r for r in results["rows"] if r["variant"] == name):
@@ -318,6 +332,14 @@ COLUMNS = (
         "`highres_quick` (256 px, MegaMNIST) test top-1 %, mean ± std over 2 seeds, 400 steps; one training "
         "step at 2048 px (16K tokens) on one CPU thread",
         _highres,
+    ),
+    Column(
+        "segmentation",
+        ("benchmarks/cpu/seg_megamnist_quick.json",),
+        "benchmarks/cpu/seg_megamnist_quick.md",
+        "`seg_megamnist_quick` (64-px MegaMNIST masks, 11 classes) test mIoU %, mean ± std over 2 seeds, the same "
+        "steps for every variant, beside the all-background rule's",
+        _segmentation,
     ),
     Column(
         "converting a softmax ViT",

@@ -1,0 +1,71 @@
+"""tools/zoo_bench/seg_bench.py: every layout is a valid recipe, the table's numbers are the runs' own (read back
+from each run's eval.json), mean and spread over seeds, the baseline row, and failures."""
+
+import json
+
+import pytest
+
+from zoo.config import load_recipe
+from zoo_bench import seg_bench
+
+
+def test_every_layout_is_a_valid_recipe_with_its_attention_and_global_blocks():
+    for name, layout in seg_bench.LAYOUTS.items():
+        recipe = load_recipe(seg_bench.RECIPE, [*seg_bench.SWEEP_SETS, *seg_bench.sets(layout)])
+        assert recipe.model.attention.name == layout["attention"], name
+        assert recipe.model.attention.options == layout["options"], name
+        assert recipe.schedule.warmup_steps == 5, name
+    vitdet = load_recipe(seg_bench.RECIPE, seg_bench.sets(seg_bench.LAYOUTS["window2d + global [1, 3]"]))
+    assert vitdet.model.global_blocks == [1, 3] and vitdet.model.global_attention.name == "softmax"
+    assert {spec["attention"] for spec in seg_bench.LAYOUTS.values()} == {
+        "softmax", "window2d", "neighborhood", "local", "linear", "performer",
+    }  # fmt: skip
+
+
+def _results():
+    background = {"all_background": {"miou": 0.0871, "pixel_accuracy": 0.9581}}
+    run = {"status": "ok", "samples_per_s": 20.0, "peak_mib": 900.0, "baselines": background}
+    runs = [
+        {"layout": "softmax", "seed": 0, **run, "test": {"miou": 0.25, "pixel_accuracy": 0.96}},
+        {"layout": "softmax", "seed": 1, **run, "test": {"miou": 0.35, "pixel_accuracy": 0.98}},
+        {"layout": "linear", "seed": 0, **run, "test": {"miou": 0.2, "pixel_accuracy": 0.97}},
+        {"layout": "performer", "seed": 0, "status": "nan", "message": "train_loss is nan at step 3", "baselines": {}},
+    ]
+    proto = {"recipe": "recipes/seg_megamnist_quick.yaml", "budget_steps": 5, "recipe_steps": 128, "batch_size": 32}
+    proto |= {"lr": 2e-3, "sets": ["schedule.warmup_steps=5"], "seeds": [0, 1], "tuning": "none"}
+    proto |= {"layouts": ["softmax", "linear", "performer", "local"], "device_name": "a CPU"}
+    proto |= {"versions": {"torch": "2"}, "date": "2026-11-28T00:00"}
+    return {"protocol": proto, "runs": runs}
+
+
+def test_the_table_gives_mean_and_spread_over_seeds_the_baseline_and_failures():
+    text = seg_bench.report(_results())
+    rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+    # softmax: mIoU 25 and 35 -> mean 30.0, sample std 7.07; pixel accuracy 96 and 98 -> 97.0 +- 1.4
+    assert rows["softmax"] == "| softmax | 30.0 +- 7.1 | 97.0 +- 1.4 | 2/2 | 20.0 | 900 |"
+    assert rows["linear"] == "| linear | 20.0 | 97.0 | 1/2 | 20.0 | 900 |"
+    assert rows["local"] == "| local | - | - | 0/2 | - | - |"
+    assert rows["all-background rule"] == "| all-background rule | 8.7 | 95.8 | - | - | - |"
+    assert "- performer seed 0: nan: train_loss is nan at step 3" in text
+    assert "`schedule.warmup_steps=5`" in text and "5 steps of 32 canvases" in text
+
+
+@pytest.mark.slow
+def test_a_real_run_s_metrics_files_are_what_the_table_says(tmp_path):
+    out = tmp_path / "seg.md"
+    seg_bench.run_comparison(
+        out, seeds=1, budget_steps=2, runs_dir=tmp_path / "runs", layouts=["window2d"], timeout=600, log=lambda _: None
+    )
+    saved = json.loads(out.with_suffix(".json").read_text())
+    (run,) = saved["runs"]
+    assert run["status"] == "ok", run
+    tested = json.loads((tmp_path / "runs" / "window2d_seed0" / "eval.json").read_text())
+    row = saved["summary"]["layouts"]["window2d"]
+    assert row["miou"] == tested["metrics"]["miou"] and row["miou_spread"] is None
+    assert row["pixel_accuracy"] == tested["metrics"]["pixel_accuracy"]
+    assert saved["summary"]["all_background"] == tested["baselines"]["all_background"]
+    line = next(line for line in out.read_text().splitlines() if line.startswith("| window2d |"))
+    assert f"| {100 * tested['metrics']['miou']:.1f} | {100 * tested['metrics']['pixel_accuracy']:.1f} | 1/1 |" in line
+    # the run trained the layout asked for: 4 x 4 windows, 2 steps
+    resolved = load_recipe(tmp_path / "runs" / "window2d_seed0" / "recipe.yaml")
+    assert resolved.model.attention.options == {"window": 4} and run["steps"] == 2
