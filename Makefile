@@ -153,7 +153,7 @@ bench-highres: $(STAMP)
 
 # The segmentation comparison behind benchmarks/cpu/seg_megamnist_quick.md (tools/zoo_bench/seg_bench.py):
 # recipes/seg_megamnist_quick.yaml with softmax, window2d, window2d + global blocks, neighborhood, local, linear and
-# performer, 30 steps x 2 seeds each (about 25 minutes on a busy 2-core machine); one thread per run, so that runs
+# performer, 80 steps x 2 seeds each (about 30 minutes on a busy 2-core machine); one thread per run, so that runs
 # on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
 bench-seg: $(STAMP)
 	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.seg_bench --out benchmarks/cpu/seg_megamnist_quick.md

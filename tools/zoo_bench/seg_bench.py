@@ -2,7 +2,7 @@
 segmentation recipe (`recipes/seg_megamnist_quick.yaml`, an 8 x 8 patch grid on 64-px MegaMNIST canvases) trained
 with each attention layout for the same steps and seeds, its test mIoU beside the all-background rule's.
 
-    PYTHONPATH=tools .venv/bin/python -m zoo_bench.seg_bench --budget-steps 30 --seeds 2
+    PYTHONPATH=tools .venv/bin/python -m zoo_bench.seg_bench --budget-steps 80 --seeds 2
 
 Each run is the leaderboard's (`zoo_bench.leaderboard.train_and_test`: tools/train.py --test in a fresh process;
 test mIoU and pixel accuracy of the best checkpoint on validation, samples/s, peak resident set); the baseline is
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "cpu" / "seg_megamnist_quick.md")
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--budget-steps", type=int, default=30)
+    parser.add_argument("--budget-steps", type=int, default=80)
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), metavar="LAYOUT", help="default: all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "seg_bench")
     args = parser.parse_args(argv)
