@@ -32,7 +32,13 @@ def _results():
         {"layout": "performer", "seed": 0, "status": "nan", "message": "train_loss is nan at step 3", "baselines": {}},
     ]
     proto = {"recipe": "recipes/seg_megamnist_quick.yaml", "budget_steps": 5, "recipe_steps": 128, "batch_size": 32}
-    proto |= {"lr": 2e-3, "sets": ["schedule.warmup_steps=5"], "seeds": [0, 1], "tuning": "none"}
+    proto |= {
+        "lr": 2e-3,
+        "decoder": "pyramid decoder (32 channels)",
+        "sets": ["schedule.warmup_steps=5"],
+        "seeds": [0, 1],
+        "tuning": "none",
+    }
     proto |= {"layouts": ["softmax", "linear", "performer", "local"], "device_name": "a CPU"}
     proto |= {"versions": {"torch": "2"}, "date": "2026-11-28T00:00"}
     return {"protocol": proto, "runs": runs}
@@ -48,6 +54,7 @@ def test_the_table_gives_mean_and_spread_over_seeds_the_baseline_and_failures():
     assert rows["all-background rule"] == "| all-background rule | 8.7 | 95.8 | - | - | - |"
     assert "- performer seed 0: nan: train_loss is nan at step 3" in text
     assert "`schedule.warmup_steps=5`" in text and "5 steps of 32 canvases" in text
+    assert "patch 8, pyramid decoder (32 channels);" in text
 
 
 @pytest.mark.slow

@@ -80,6 +80,7 @@ def _protocol(recipe: dict[str, Any], budget_steps: int, seeds: int, layouts: li
         "recipe_steps": recipe["data"]["train_samples"] // recipe["data"]["batch_size"],
         "batch_size": recipe["data"]["batch_size"],
         "lr": recipe["optim"]["lr"],
+        "decoder": _decoder(recipe["model"]),
         "sets": list(SWEEP_SETS),
         "seeds": list(range(seeds)),
         "layouts": layouts,
@@ -88,6 +89,12 @@ def _protocol(recipe: dict[str, Any], budget_steps: int, seeds: int, layouts: li
         "versions": versions(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _decoder(model: dict[str, Any]) -> str:
+    """The recipe's decoder as the report names it: `pyramid decoder (32 channels)`, `linear decoder`."""
+    width = f" ({model['decoder_channels']} channels)" if model["decoder"] == "pyramid" else ""
+    return f"{model['decoder']} decoder{width}"
 
 
 def run_comparison(
@@ -197,7 +204,7 @@ def report(results: dict[str, Any]) -> str:
         "## Protocol",
         "",
         (
-            f"- `{proto['recipe']}` (ViT of 4 blocks, width 64, patch 8, linear decoder; 64-px MegaMNIST canvases, "
+            f"- `{proto['recipe']}` (ViT of 4 blocks, width 64, patch 8, {proto['decoder']}; 64-px MegaMNIST canvases, "
             "11 classes: background and the ten digits, clutter ignored; an 8 x 8 grid, 65 tokens) trained with each "
             f"layout for {proto['budget_steps']} steps of {proto['batch_size']} canvases (the recipe itself runs "
             f"{proto['recipe_steps']}: fewer here so that the sweep fits a shared 2-core machine), lr {proto['lr']:g} "
