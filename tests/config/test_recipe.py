@@ -209,8 +209,8 @@ def test_metrics_entries():
     assert recipe_from_dict({"name": "x", "metrics": ["confusion", "top1"]}).metrics == ["confusion", "top1"]
     message = error_of({"name": "x", "metrics": ["top1", "top3"]})
     assert message == (
-        "<dict>: metrics[1]: expected one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', 'mse', 'mae', "
-        "'perplexity', got 'top3'"
+        "<dict>: metrics[1]: expected one of 'top1', 'top5', 'f1', 'confusion', 'mcc', 'auroc', 'miou', 'iou', "
+        "'pixel_accuracy', 'mse', 'mae', 'perplexity', got 'top3'"
     )
     assert error_of({"name": "x", "metrics": "top1"}) == "<dict>: metrics: expected a list, got 'top1'"
     assert error_of({"name": "x", "metrics": ["f1", "f1"]}) == "<dict>: metrics[1]: duplicate entry 'f1'"

@@ -281,12 +281,12 @@ def test_weights_that_turned_non_finite_never_replace_a_checkpoint(tmp_path, mon
 
 
 def _train_in_child(recipe: Path, run_dir: Path, kill_at: tuple[str, int] | None = None) -> None:
-    """A forked training process: resumes when the run has a checkpoint. `kill_at` makes it SIGKILL itself at a
+    """A training process (spawned): resumes when the run has a checkpoint. `kill_at` makes it SIGKILL itself at a
     point of the run, so that the kill lands there however fast or busy the machine is: ("step", n) after its n-th
     optimizer step; ("manifest", n) in place of its n-th manifest (a save written but for the manifest);
     ("rename", n) after its n-th rename of a save that replaces a checkpoint (between the two renames, or before
     the old copy is removed)."""
-    # one thread: the parent's OpenMP pool does not survive fork, and every run computes alike
+    # one thread: every run computes alike
     torch.set_num_threads(1)
     if kill_at is not None:
         point, n = kill_at
@@ -327,8 +327,9 @@ def _last_step(run_dir: Path) -> int:
 @pytest.mark.slow
 def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path):
     recipe = write_recipe(tmp_path, epochs=8)
-    fork = multiprocessing.get_context("fork")
-    straight = fork.Process(target=_train_in_child, args=(recipe, tmp_path / "straight"))
+    # spawn: a worker that ran autograd's threads before cannot fork a child that trains
+    context = multiprocessing.get_context("spawn")
+    straight = context.Process(target=_train_in_child, args=(recipe, tmp_path / "straight"))
     straight.start()
     straight.join()
     assert straight.exitcode == 0
@@ -340,7 +341,7 @@ def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path
     points = ["step", "rename", "step", "manifest"] * 2 + ["step", "rename"]
     for point in points:
         kill_at = (point, int(rng.integers(1, 5)))
-        process = fork.Process(target=_train_in_child, args=(recipe, run_dir, kill_at))
+        process = context.Process(target=_train_in_child, args=(recipe, run_dir, kill_at))
         process.start()
         process.join()
         assert process.exitcode == -signal.SIGKILL, (kill_at, process.exitcode)
@@ -350,7 +351,7 @@ def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path
         if last is not None:
             verify_checkpoint(last)
     assert kills == 10 and in_save == 5, (kills, in_save)
-    final = fork.Process(target=_train_in_child, args=(recipe, run_dir))
+    final = context.Process(target=_train_in_child, args=(recipe, run_dir))
     final.start()
     final.join()
     assert final.exitcode == 0

@@ -264,7 +264,7 @@ class Trainer:
             raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
-        self.scheduler = build_scheduler(self.optimizer, recipe.schedule, self.total_steps)
+        self.scheduler = self._scheduler()
         self.state = TrainState(pretrained=pretrained)
         # [count, last value] of the non-finite losses among the current step's batches, on the device
         self._nonfinite_losses: Tensor | None = None
@@ -273,6 +273,11 @@ class Trainer:
         self.step_times = StepTimes()
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
+
+    def _scheduler(self) -> Any:
+        """The recipe's schedule over the run's `total_steps` (a subclass may step it otherwise: device_train's
+        wall-clock runs)."""
+        return build_scheduler(self.optimizer, self.recipe.schedule, self.total_steps)
 
     @property
     def batches_per_epoch(self) -> int:
