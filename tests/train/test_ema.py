@@ -52,6 +52,19 @@ def train_recording(tmp_path, monkeypatch, recipe):
     return trainer, raw
 
 
+def validation_metrics(model, trainer) -> dict:
+    """`model`'s loss and top-1 on the trainer's validation loader, evaluated here (not read from the run)."""
+    return evaluate_loader(
+        model,
+        trainer.val_loader,
+        trainer.accelerator,
+        task=trainer.task,
+        model_inputs=trainer.kind.inputs,
+        metric_names=["top1"],
+        num_classes=trainer.num_classes,
+    )
+
+
 @pytest.mark.parametrize("warmup", [True, False])
 def test_average_equals_the_decay_formula_over_the_recorded_weights(tmp_path, monkeypatch, request, warmup):
     hide_cuda(monkeypatch, request)
@@ -76,26 +89,10 @@ def test_validation_and_load_model_use_the_average(tmp_path, monkeypatch, reques
         torch.testing.assert_close(value.double(), expected[key], rtol=1e-6, atol=1e-7)
     # the validation record is the score of those weights, evaluated here from the loaded model
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    metrics = evaluate_loader(
-        loaded,
-        trainer.val_loader,
-        trainer.accelerator,
-        task=trainer.task,
-        model_inputs=trainer.kind.inputs,
-        metric_names=["top1"],
-        num_classes=trainer.num_classes,
-    )
+    metrics = validation_metrics(loaded, trainer)
     assert record["val_loss"] == pytest.approx(metrics["loss"], rel=1e-5)
     raw_model = zoo.load_model(tmp_path / "run" / "checkpoints" / "best" / "model.safetensors")
-    raw_metrics = evaluate_loader(
-        raw_model,
-        trainer.val_loader,
-        trainer.accelerator,
-        task=trainer.task,
-        model_inputs=trainer.kind.inputs,
-        metric_names=["top1"],
-        num_classes=trainer.num_classes,
-    )
+    raw_metrics = validation_metrics(raw_model, trainer)
     assert record["val_loss"] != pytest.approx(raw_metrics["loss"], rel=1e-5)
 
 
