@@ -534,6 +534,19 @@ def test_metrics_are_checked_per_task():
     )
 
 
+def test_score_labelled_is_for_the_tasks_that_take_it_in_eager_runs():
+    base = {"name": "x", "model": {"kind": "sequence", "sequence": {"score": "labelled"}}, "data": {"name": "splice"}}
+    tokens = {**base, "data": {"name": "yeast_coding"}, "task": "token_classification", "metrics": ["f1"]}
+    assert recipe_from_dict(tokens).model.sequence.score == "labelled"
+    assert error_of(base) == (
+        "<dict>: model.sequence.score: only task 'token_classification', 'causal_token_classification' uses it "
+        "(task is 'classification'); leave it at 'all', got 'labelled'"
+    )
+    assert error_of({**tokens, "train": {"compile": "default"}}) == (
+        "<dict>: model.sequence.score: labelled needs train.compile: false (positions vary per batch), got 'default'"
+    )
+
+
 def test_one_d_recipe_round_trip(tmp_path):
     recipe = load_recipe(
         Path(__file__).resolve().parents[2] / "recipes" / "genomes_quick.yaml", ["data.options.window=2048"]

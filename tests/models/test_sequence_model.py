@@ -4,10 +4,12 @@ gradient checkpointing, recurrent generation."""
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 
 from zoo.attention import get_attention, list_attentions
 from zoo.attention.softmax import SoftmaxAttention, softmax_attention
 from zoo.data.dna import packaged as dna
+from zoo.kinds import get_model_kind
 from zoo.models.embeddings import (
     DNA_CLS,
     DNA_MASK,
@@ -21,6 +23,8 @@ from zoo.models.embeddings import (
 )
 from zoo.models.generation import generate, has_step, recurrent_logits, sample_next, supports_recurrent
 from zoo.models.sequence import SequenceTransformer, create_sequence_model, load_vit_weights, with_rotary
+from zoo.tasks import IGNORE_INDEX, get_task
+from zoo.train._objective import TaskObjective
 
 TINY = {"depth": 2, "dim": 32, "num_heads": 2}
 B, N = 2, 37
@@ -92,6 +96,11 @@ def test_unsupported_combinations_and_names_are_errors_naming_the_value():
         create_sequence_model("causal_lm", attention="nystrom", **TINY)
     with pytest.raises(ValueError, match="did you mean 'mean'"):
         create_sequence_model("classification", num_classes=2, pool="maen", **TINY)
+    with pytest.raises(ValueError, match="score='labelled' is for per-position classification; task 'classification'"):
+        create_sequence_model("classification", num_classes=2, score="labelled", **TINY)
+    classifier = create_sequence_model("classification", num_classes=2, **TINY)
+    with pytest.raises(ValueError, match="positions are for per-position tasks, not task 'classification'"):
+        classifier(_tokens(), positions=_padding())
 
 
 def test_vit_block_weights_load_and_compute_the_same_function():
@@ -152,6 +161,71 @@ def test_padded_tokens_never_change_per_token_outputs_at_kept_positions(input):
     tokens, changed = _tokens(), _tokens()
     changed[~mask] = _tokens(seed=1)[~mask]
     torch.testing.assert_close(model(changed, mask)[mask], model(tokens, mask)[mask])
+
+
+def _labels(num_classes: int, seed: int = 0) -> torch.Tensor:
+    """`[B, N]`: a class at about one position in four, `IGNORE_INDEX` elsewhere (a recall probe's layout), one
+    of them padded (`_padding`) so that it must not count."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, num_classes, (B, N), generator=generator)
+    labels = labels.masked_fill(torch.rand(B, N, generator=generator) > 0.25, IGNORE_INDEX)
+    labels[1, -1] = 1
+    return labels
+
+
+@pytest.mark.parametrize(
+    "task, input, options",
+    [
+        ("token_classification", "tokens", {"num_classes": 6, "vocab_size": 11}),
+        ("token_classification", "dna", {"num_classes": 6}),
+        ("token_classification", "kmer", {"num_classes": 6, "kmer": 3}),
+        ("causal_lm", "dna", {}),
+    ],
+)
+def test_positions_give_the_rows_of_the_full_outputs_and_one_token_inputs_head_only_those(task, input, options):
+    model = create_sequence_model(task, input=input, attention="softmax", **TINY, **options).eval()
+    tokens, mask = _tokens(), _padding()
+    positions = (_labels(6) != IGNORE_INDEX) & mask
+    rows = []
+    model.head.register_forward_hook(lambda head, args, out: rows.append(args[0].shape[:-1].numel()))
+    full, chosen = model(tokens, mask), model(tokens, mask, positions=positions)
+    assert chosen.shape == (int(positions.sum()), full.shape[-1])
+    torch.testing.assert_close(chosen, full[positions])
+    if input == "kmer":
+        # a token stands for 3 positions: every token is headed, then the positions are selected
+        assert not model.head_on_positions and rows[1] == rows[0]
+        return
+    assert model.head_on_positions and rows == [B * N, int(positions.sum())]
+    # the reference path: the head on every token, the rows selected after it
+    model.head_on_positions = False
+    torch.testing.assert_close(model(tokens, mask, positions=positions), chosen)
+    assert rows[-1] == B * N
+
+
+@pytest.mark.parametrize("task", ["token_classification", "causal_token_classification"])
+@pytest.mark.parametrize("input, options", [("tokens", {"vocab_size": 11}), ("dna", {}), ("kmer", {"kmer": 3})])
+def test_scoring_the_labelled_positions_gives_the_loss_and_gradients_of_all(task, input, options):
+    model = create_sequence_model(task, input=input, attention="softmax", num_classes=6, **TINY, **options)
+    batch = {"tokens": _tokens(), "mask": _padding(), "labels": _labels(6)}
+    kind = get_model_kind("sequence")
+
+    def loss_and_grads(loss_of):
+        model.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        return loss.detach(), {name: param.grad.clone() for name, param in model.named_parameters()}
+
+    # by hand: the full logits' rows at the kept, labelled positions
+    tokens, mask, labels = batch["tokens"], batch["mask"], batch["labels"]
+    keep = mask & (labels != IGNORE_INDEX)
+    expected = loss_and_grads(lambda: F.cross_entropy(model(tokens, mask)[keep], labels[keep]))
+    for score in ("all", "labelled"):
+        objective = TaskObjective(kind, get_task(task).configured(score=score))
+        loss, grads = loss_and_grads(lambda objective=objective: objective.loss(model, batch))
+        torch.testing.assert_close(loss, expected[0])
+        assert grads.keys() == expected[1].keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected[1][name], msg=f"{score}: {name}")
 
 
 def test_padded_steps_never_change_a_forecast():

@@ -112,6 +112,30 @@ def test_forecast_takes_its_loss_as_an_option():
         forecast.configured(forecast_loss="huber")
 
 
+# the tasks whose training loss may read the labelled positions only (model.sequence.score), from the registry
+SCORED = [name for name in list_tasks() if "score" in get_task(name).model_options]
+
+
+@pytest.mark.parametrize("name", SCORED)
+def test_scoring_the_labelled_positions_gives_the_loss_of_all(name):
+    task = get_task(name)
+    outputs, targets, mask = batch_of(task)
+    targets = targets.masked_fill(torch.rand(B, L, generator=torch.Generator().manual_seed(1)) < 0.6, IGNORE_INDEX)
+    # every task scores all positions by default
+    assert all(get_task(other).loss_positions(targets, mask) is None for other in list_tasks())
+    labelled = task.configured(score="labelled")
+    positions = labelled.loss_positions(targets, mask)
+    assert positions.dtype == torch.bool and int(positions.sum()) == task.loss_units(targets, mask) > 0
+    assert not (positions & ~mask).any() and (targets[positions] != IGNORE_INDEX).all()
+    # by hand: cross-entropy over the kept, labelled rows
+    keep = mask & (targets != IGNORE_INDEX)
+    expected = torch.nn.functional.cross_entropy(outputs[keep], targets[keep])
+    torch.testing.assert_close(labelled.loss(outputs[positions], targets[positions]), expected)
+    torch.testing.assert_close(task.loss(outputs, targets, mask), expected)
+    with pytest.raises(ValueError, match="score 'some' is not one of 'all', 'labelled'"):
+        task.configured(score="some")
+
+
 def test_registry_names_and_errors():
     assert list_tasks()[:4] == ["classification", "forecast", "token_classification", "causal_lm"]
     assert IGNORE_INDEX == DATA_IGNORE_INDEX == -100

@@ -17,6 +17,7 @@ from ..data._sizes import ModelSizes, plain
 from ..models import create_sequence_model
 from ..models.sequence import INPUTS, POSITIONS
 from ..tasks import Task, get_task, list_tasks
+from ..tasks.token_classification import SCORES
 from ._base import KindOptions, ModelKind, get_model_kind, register_model_kind
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ class SequenceConfig:
     # instance normalisation takes away, for tasks where they tell the classes apart (series only, needs revin)
     revin_stats: bool = False
     forecast_loss: Literal["mse", "mae"] = "mse"
+    # per-position classification: the training loss runs the head on every position (all) or only on the labelled,
+    # unpadded ones (labelled: the same loss and gradients, far cheaper when few of many positions are labelled, as
+    # in the recall probes); evaluation and prediction read every position either way
+    score: Literal[SCORES] = "all"
     tie_embeddings: bool = True
     # taps of a causal depthwise convolution before every attention (0: none); Zoology's and Based's recall models
     # use 3, so that binding a token to its neighbour is not the attention's job
@@ -97,7 +102,7 @@ def _sequence_problems(recipe: Recipe) -> list[tuple[str, str]]:
         return [("model.sequence.input", problem)]
     if source not in task.inputs:
         return [("model.sequence.input", f"task {recipe.task!r} takes {_names(task.inputs)}, got {source!r}")]
-    return _unused_sequence_keys(recipe)
+    return _unused_sequence_keys(recipe) + _score_problems(recipe)
 
 
 def _unused_sequence_keys(recipe: Recipe) -> list[tuple[str, str]]:
@@ -113,6 +118,14 @@ def _unused_sequence_keys(recipe: Recipe) -> list[tuple[str, str]]:
             problem = f"only {by} {_names(users)} uses it ({by} is {current!r}); leave it at {_show(default)}"
             problems.append((f"model.sequence.{name}", f"{problem}, got {_show(value)}"))
     return problems
+
+
+def _score_problems(recipe: Recipe) -> list[tuple[str, str]]:
+    """`score: labelled` picks positions by a data-dependent mask, a shape torch.compile cannot fix in one graph."""
+    if recipe.model.sequence.score == "labelled" and recipe.train.compile is not False:
+        problem = f"labelled needs train.compile: false (positions vary per batch), got {_show(recipe.train.compile)}"
+        return [("model.sequence.score", problem)]
+    return []
 
 
 def _names(values: Sequence[str]) -> str:
@@ -188,6 +201,7 @@ def _build_sequence(recipe: Recipe, sizes: ModelSizes, task: Task) -> nn.Module:
         revin=seq.revin,
         revin_stats=seq.revin_stats,
         forecast_loss=seq.forecast_loss,
+        score=seq.score,
         tie_embeddings=seq.tie_embeddings,
         drop_rate=cfg.drop_rate,
         attn_drop_rate=cfg.attn_drop_rate,

@@ -298,6 +298,11 @@ class SequenceModel(nn.Module):
     bool, True = keep (None = nothing padded). Outputs: classification `[b, k]` logits; forecast `[b, t, c_out]`
     in the input's units (`target_channels` of the input, all by default); token_classification `[b, l, k]`;
     causal_lm `[b, l, v]`. `loss(outputs, targets, mask)` is the task's (`zoo.tasks.Task.loss`).
+
+    `forward(inputs, mask, positions=...)` (per-position tasks): positions `[b, l]` bool -> `[p, k]`, the outputs
+    at those positions only, in the order of `outputs[positions]`. With one token per input position (`dna`,
+    `tokens`) the head reads only those p tokens (`head_on_positions`); otherwise it reads every token and the p
+    rows are selected, the reference the tests compare with.
     """
 
     def __init__(
@@ -317,6 +322,9 @@ class SequenceModel(nn.Module):
         self.embed, self.backbone, self.head, self.revin = embed, backbone, head, revin
         self.stats_embed = stats_embed
         self.target_channels = None if target_channels is None else list(target_channels)
+        # the heads of per-position tasks map each token by itself: with one token per input position (no k-mer
+        # standing for k) the head can run on the chosen positions' tokens alone
+        self.head_on_positions = task.per_position and input in ("dna", "tokens")
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
@@ -326,7 +334,7 @@ class SequenceModel(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.backbone.set_grad_checkpointing(enable)
 
-    def forward(self, inputs: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, inputs: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None) -> Tensor:
         x, stats = inputs, None
         if self.input == "series":
             x = rearrange(inputs, "b l c -> b c l")
@@ -335,13 +343,26 @@ class SequenceModel(nn.Module):
         tokens, token_mask = self.embed(x, mask)
         if self.stats_embed is not None:
             tokens = tokens + self.stats_embed(stats)
-        out = self.head(self.backbone(tokens, token_mask), token_mask)
+        features = self.backbone(tokens, token_mask)
+        if positions is not None:
+            return self._at_positions(features, token_mask, positions)
+        out = self.head(features, token_mask)
         if self.task.per_position:
             # a k-mer token predicts k positions: the last token may reach past the input
             return out[:, : inputs.shape[1]]
         if self.task.forecasts_inputs:
             return self._in_input_units(out, stats)
         return out
+
+    def _at_positions(self, features: Tensor, token_mask: Tensor | None, positions: Tensor) -> Tensor:
+        """features `[b, n, d]`, positions `[b, l]` bool -> the head's outputs `[p, k]` at the chosen positions."""
+        if not self.task.per_position:
+            raise ValueError(f"positions are for per-position tasks, not task {self.task.name!r}")
+        if self.head_on_positions:
+            # the p chosen tokens as one batch of one sequence: the head maps each token by itself
+            return self.head(features[positions][None])[0]
+        # a k-mer token predicts k positions: the last token may reach past the input
+        return self.head(features, token_mask)[:, : positions.shape[1]][positions]
 
     def _in_input_units(self, forecast: Tensor, stats: tuple[Tensor, Tensor] | None) -> Tensor:
         """forecast `[b, c, t]` in normalised units -> `[b, t, c_out]` in the input's, target channels only."""
@@ -420,6 +441,7 @@ def create_sequence_model(
     revin_stats: bool = False,
     horizon: int | None = None,
     forecast_loss: Literal["mse", "mae"] = "mse",
+    score: Literal["all", "labelled"] = "all",
     target_channels: Sequence[int] | None = None,
     tie_embeddings: bool = True,
     drop_rate: float = 0.0,
@@ -433,8 +455,9 @@ def create_sequence_model(
 
     Tasks and inputs: classification (dna, kmer, series, tokens; needs `num_classes`); forecast (series; needs
     `seq_len`, the input length, and `horizon`; `target_channels` picks the channels forecast, `forecast_loss` the
-    training error); token_classification (dna, kmer with stride k; needs `num_classes`); causal_lm (dna; next
-    nucleotide, `tie_embeddings` shares the output embedding with the input one). `tokens` are ids below
+    training error); token_classification (dna, kmer with stride k; needs `num_classes`; `score='labelled'`: its
+    training loss reads the labelled positions only, see `SequenceModel`); causal_lm (dna; next nucleotide,
+    `tie_embeddings` shares the output embedding with the input one). `tokens` are ids below
     `vocab_size` of a dataset's own vocabulary (padding comes from the mask).
     `short_conv=k` (0: none) puts a causal depthwise convolution of k taps before every attention (Zoology's and
     Based's recall models use 3). `positions` defaults to rotary for causal tasks and learned otherwise; the
@@ -442,8 +465,8 @@ def create_sequence_model(
     `[b, l, c]`, normalised with RevIN when `revin` (forecasts are returned in the input's units), patched with
     `patch_len` / `patch_stride`; `revin_stats` adds RevIN's statistics, embedded, to every token.
     """
-    spec = get_task(task).configured(forecast_loss=forecast_loss)
-    _check_choices(spec, input, forecast_loss, kmer, kmer_stride, target_channels, num_channels)
+    spec = get_task(task).configured(forecast_loss=forecast_loss, score=score)
+    _check_choices(spec, input, forecast_loss, score, kmer, kmer_stride, target_channels, num_channels)
     embed = _embedding(
         input,
         dim,
@@ -505,6 +528,7 @@ def _check_choices(
     spec: Task,
     input: str,
     forecast_loss: str,
+    score: str,
     kmer: int,
     kmer_stride: int | None,
     target_channels: Sequence[int] | None,
@@ -513,6 +537,8 @@ def _check_choices(
     """The input, loss and channel choices of `create_sequence_model`, each against what the task allows."""
     _choice("input", input, INPUTS)
     _choice("forecast_loss", forecast_loss, ("mse", "mae"))
+    if score != "all" and "score" not in spec.model_options:
+        raise ValueError(f"score={score!r} is for per-position classification; task {spec.name!r} scores all outputs")
     if input not in spec.inputs:
         raise ValueError(f"task {spec.name!r} does not take input {input!r}; it takes {', '.join(spec.inputs)}")
     if spec.per_position and input == "kmer" and kmer_stride not in (None, kmer):

@@ -96,6 +96,12 @@ class Task:
     def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
         raise NotImplementedError
 
+    def loss_positions(self, targets: Tensor, mask: Tensor | None) -> Tensor | None:
+        """The `[b, l]` bool positions whose outputs the training loss reads, for a model that computes only those
+        (`model(*inputs, positions=...)` -> `[p, ...]`, scored against `targets[positions]`); None: every output
+        (the default)."""
+        return None
+
     def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
         """How many terms `loss` averages over in this batch (samples by default)."""
         return targets.shape[0]

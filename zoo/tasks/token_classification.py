@@ -1,12 +1,12 @@
 """`token_classification`: one class per input position (`IGNORE_INDEX` where nothing is asked), loss and accuracy over
-the labelled positions only.
+the labelled positions only; `score: labelled` has the training loss score only those positions (`loss_positions`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics a
     from ..data._sizes import ModelSizes
 from ._base import HeadSpec, Task, _require, register_task
 
+# all: the training loss reads logits at every position; labelled: only at the labelled, kept ones
+SCORES = ("all", "labelled")
+
 
 @dataclass(frozen=True)
 class TokenClassification(Task):
@@ -32,17 +35,37 @@ class TokenClassification(Task):
     eval_metrics = ("top1", "f1", "confusion")
     selection = ("f1", True)
     inputs = ("dna", "kmer", "tokens")
+    model_options = ("score",)
     per_position = True
     ignore_index = IGNORE_INDEX
+    # labelled: training scores only the labelled positions, for probes that label a few of many (the recall
+    # probes: the head's logits at every position over a vocabulary of 2 l cost l x 2 l per sample)
+    score: Literal[SCORES] = "all"
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"score {self.score!r} is not one of {', '.join(map(repr, SCORES))}")
 
     def _loss(self, outputs: Tensor, targets: Tensor, mask: Tensor | None, label_smoothing: float) -> Tensor:
-        """Mean cross-entropy over kept, labelled positions."""
+        """Mean cross-entropy over kept, labelled positions: logits `[b, l, k]` and labels `[b, l]`, or the rows
+        `[p, k]` of `loss_positions` and their labels `[p]` (mask None)."""
+        if outputs.ndim == 2:
+            return F.cross_entropy(outputs.float(), targets, ignore_index=IGNORE_INDEX)
         logits, labels = self.metric_inputs(outputs, targets, mask)
         return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
 
+    def loss_positions(self, targets: Tensor, mask: Tensor | None) -> Tensor | None:
+        """`[b, l]`: the labelled, kept positions under `score: labelled`; None (every position) otherwise."""
+        return self._counted(targets, mask) if self.score == "labelled" else None
+
     def loss_units(self, targets: Tensor, mask: Tensor | None) -> int:
+        return int(self._counted(targets, mask).sum())
+
+    @staticmethod
+    def _counted(targets: Tensor, mask: Tensor | None) -> Tensor:
+        """labels `[b, l]`, mask `[b, l]` -> `[b, l]` bool: the positions the loss counts."""
         labelled = targets != IGNORE_INDEX
-        return int((labelled if mask is None else labelled & mask).sum())
+        return labelled if mask is None else labelled & mask
 
     def metric_inputs(self, outputs: Tensor, targets: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """`[b, l, k]`, `[b, l]`, mask `[b, l]` -> `[(b l), k]`, `[(b l)]` with padded positions `IGNORE_INDEX`."""

@@ -54,7 +54,13 @@ class TaskObjective(Objective):
 
     def loss(self, module: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
         targets, mask = self.task.targets(batch)
-        outputs = module(*self.kind.inputs(batch))
+        positions = self.task.loss_positions(targets, mask)
+        if positions is None:
+            outputs = module(*self.kind.inputs(batch))
+        else:
+            # the model's outputs at the positions the loss reads only (e.g. a few labelled ones of many)
+            outputs = module(*self.kind.inputs(batch), positions=positions)
+            targets, mask = targets[positions], None
         loss = self.task.loss(outputs, targets, mask, label_smoothing=self.label_smoothing)
         return loss + auxiliary_loss(module)
 
