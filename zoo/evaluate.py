@@ -28,6 +28,7 @@ from .kinds import build_model, get_model_kind
 from .train.loop import build_loader, build_split, evaluate_loader, resolve_mixed_precision
 
 __all__ = [
+    "CONFUSION_MAX_CLASSES",
     "ConfusionLayout",
     "baselines",
     "confusion_layout",
@@ -54,6 +55,8 @@ _COLORBAR_PT = 60.0  # the colour bar and its numbers, drawn when no count fits 
 # matrix hide its few errors, and ten thousand labels take half a minute to draw)
 _ZEROS_UP_TO = 20
 CONFUSION_DPI = 100
+# ImageNet-1k's classes and fewer: the implicit confusion matrix's limit (`_implicit_metrics`)
+CONFUSION_MAX_CLASSES = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +305,8 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
     accelerator = Accelerator(mixed_precision=resolve_mixed_precision(recipe.train.mixed_precision))
     loader = build_loader(recipe, dataset, train=False)
     model, loader = accelerator.prepare(model, loader)
-    names = list(dict.fromkeys([*recipe.metrics, *task.eval_metrics]))
+    num_classes = task.num_outputs(sizes)
+    names = list(dict.fromkeys([*recipe.metrics, *_implicit_metrics(task.eval_metrics, num_classes)]))
     metrics = evaluate_loader(
         model,
         loader,
@@ -310,7 +314,7 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
         task=task,
         model_inputs=kind.inputs,
         metric_names=names,
-        num_classes=task.num_outputs(sizes),
+        num_classes=num_classes,
     )
     png = run_dir / f"confusion_{split}.png" if "confusion" in metrics else None
     if png is not None and accelerator.is_main_process:
@@ -323,6 +327,16 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
         if accelerator.is_main_process:
             plot_masks(accelerator.unwrap_model(model), dataset, Path(report["masks_png"]))
     return report
+
+
+def _implicit_metrics(names: Sequence[str], num_classes: int) -> list[str]:
+    """The task's evaluation extras at `num_classes`: the confusion matrix only up to `CONFUSION_MAX_CLASSES`.
+    Beyond, its k x k counts outgrow the split (a recall probe's 32,768-token vocabulary: 8 GB of int64, a
+    billion-entry eval.json) and no plot shows them; a recipe that lists `confusion` in `metrics` still gets it."""
+    if num_classes <= CONFUSION_MAX_CLASSES or "confusion" not in names:
+        return list(names)
+    _logger.info("no confusion matrix: %d classes, above the %d it is kept for", num_classes, CONFUSION_MAX_CLASSES)
+    return [name for name in names if name != "confusion"]
 
 
 def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -> None:

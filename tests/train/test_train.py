@@ -174,3 +174,34 @@ def test_each_1024_px_recipe_names_a_registered_variant(path):
     # a per-block layout (ViTDet's global blocks) is named after its other attention: vit_window2d_global_1024
     layout = f"_{model.global_attention.name.replace('softmax', 'global')}" if model.global_blocks else ""
     assert path.stem == f"vit_{name}{layout}_1024"
+
+
+@pytest.mark.parametrize("vocab_size, confusion", [(256, True), (257, False)])
+def test_the_confusion_matrix_is_kept_up_to_its_class_limit(tmp_path, monkeypatch, vocab_size, confusion):
+    # MQAR's whole vocabulary is its classes: one past the limit (1,000 shipped, 256 here to keep the test small)
+    # drops the k x k matrix and its plot
+    monkeypatch.setattr(zoo.evaluate, "CONFUSION_MAX_CLASSES", 256)
+    recipe = load_recipe(
+        ROOT / "recipes" / "recall_mqar_quick.yaml",
+        overrides=[
+            f"data.options.vocab_size={vocab_size}",
+            "data.options.seq_len=64",
+            "data.options.num_kv_pairs=4",
+            "data.train_samples=4",
+            "data.val_samples=4",
+            "data.test_samples=4",
+            "data.batch_size=4",
+            "train.max_steps=1",
+            "schedule.warmup_steps=0",
+        ],
+    )
+    reset_accelerate()
+    Trainer(recipe, tmp_path / "run").fit()
+    reset_accelerate()
+    result = evaluate(tmp_path / "run", checkpoint="last", split="test")
+    assert ("confusion" in result["metrics"]) is confusion
+    assert (result["confusion_png"] is not None) is confusion
+    if confusion:
+        # 4 samples x 4 queries, every query counted once
+        assert torch.tensor(result["metrics"]["confusion"]).shape == (256, 256)
+        assert torch.tensor(result["metrics"]["confusion"]).sum() == 16
