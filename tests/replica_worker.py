@@ -56,6 +56,7 @@ COMMON = [
 GENERATED = [f"data.train_samples={2 * BATCH * STEPS}", "data.val_samples=4", "data.test_samples=4"]
 DATA = {
     "megamnist": ["model.img_size=64", "data.options.canvas_size=64", "data.options.digit_size=16", *GENERATED],
+    "megamnist_seg": ["model.img_size=64", "data.options.canvas_size=64", "data.options.digit_size=16", *GENERATED],
     "listops": ["data.options.min_length=20", "data.options.max_length=40", *GENERATED],
     "pathfinder": ["data.options.resolution=32", *GENERATED],
     "genomes": ["data.options.window=256"],
