@@ -1,5 +1,6 @@
 """Builders shared by the test files, imported by name (`from helpers import tiny_vit_recipe`): the tiny recipes
-that train in seconds on a CPU, and a fresh accelerate state for the next run in the same process.
+that train in seconds on a CPU, a fresh accelerate state for the next run in the same process, and the command lines
+run in a fresh interpreter (`run_tool`) or in this one (`run_tool_here`).
 
 Fixtures live in conftest.py; these are plain functions because test files call them at import time and inside
 their own helpers, and a conftest.py cannot be imported reliably (pytest loads one per folder under one name).
@@ -7,16 +8,24 @@ their own helpers, and a conftest.py cannot be imported reliably (pytest loads o
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import logging
+import os
+import runpy
 import socket
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from accelerate.test_utils.testing import AccelerateTestCase
+
+from zoo import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,6 +148,54 @@ def hide_cuda(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
 
 def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python ARGS` in a fresh interpreter from the repository root (a command line as a user runs it): its exit
-    status and captured text output."""
+    status and captured text output. `run_tool_here` does the same in this process."""
     command = [sys.executable, *map(str, args)]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def run_tool_here(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`run_tool(*args)` in this process, for a test whose point is not the fresh process (it saves 5-10 s of
+    imports): `tools/<name>.py` runs as `__main__` with sys.argv, sys.path[0] and the working directory as `python`
+    sets them; its stdout and stderr are captured, log records included (the root logger is left without handlers, so
+    `run_cli`'s `logging.basicConfig` writes to the captured stderr); the status is its `SystemExit` (0 when it
+    returns; an exception that escapes prints its traceback and gives 1, as the interpreter does). accelerate's state
+    is reset before and after; sys.argv, sys.path, the working directory, the environment, logging and `zoo.cli`'s
+    log file are restored."""
+    script, *rest = map(str, args)
+    out, err = io.StringIO(), io.StringIO()
+    root, quiet = logging.getLogger(), logging.getLogger("accelerate")
+    argv, path, where, environ = sys.argv, sys.path[:], os.getcwd(), dict(os.environ)
+    handlers, levels, log_file = root.handlers[:], (root.level, quiet.level), cli._log_file
+    root.handlers.clear()
+    reset_accelerate()
+    try:
+        os.chdir(cwd)
+        sys.argv = [script, *rest]
+        sys.path.insert(0, str(Path(script).resolve().parent))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                runpy.run_path(script, run_name="__main__")
+                status = 0
+            except SystemExit as exit_:
+                status = exit_.code
+                # as the interpreter: a message rather than a number is printed, status 1
+                if not isinstance(status, int | None):
+                    print(status, file=sys.stderr)
+                    status = 1
+            except Exception:
+                traceback.print_exc()
+                status = 1
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(levels[0])
+        quiet.setLevel(levels[1])
+        cli._log_file = log_file
+        sys.argv, sys.path[:] = argv, path
+        os.chdir(where)
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+        reset_accelerate()
+    return subprocess.CompletedProcess([sys.executable, *map(str, args)], status or 0, out.getvalue(), err.getvalue())

@@ -4,15 +4,13 @@ model run on the dataset's own sample; unreadable inputs named and skipped."""
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import reset_accelerate
+from helpers import reset_accelerate, run_tool_here
 from PIL import Image
 
 import zoo
@@ -120,20 +118,14 @@ def test_a_folder_is_searched_and_unreadable_files_are_named_and_skipped(vit, pi
 def test_the_cli_writes_csv_or_json_and_names_what_it_skipped(vit, pictures, tmp_path):
     _, run_dir = vit
     output = tmp_path / "preds.csv"
-    proc = subprocess.run(
-        [sys.executable, "tools/predict.py", run_dir, pictures["folder"], "--output", output, "--top-k", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    proc = run_tool_here("tools/predict.py", run_dir, pictures["folder"], "--output", output, "--top-k", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader(output.open()))
     assert len(rows) == 5 and list(rows[0]) == ["input", "class_1", "probability_1", "class_2", "probability_2"]
     warned = [line for line in proc.stderr.splitlines() if "broken.png" in line]
     assert len(warned) == 1 and "skipped" in warned[0]
     assert "wrote 5 predictions" in proc.stderr
-    bad = subprocess.run(
-        [sys.executable, "tools/predict.py", run_dir, pictures["png"], "--output", tmp_path / "preds.txt"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    bad = run_tool_here("tools/predict.py", run_dir, pictures["png"], "--output", tmp_path / "preds.txt")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: output ")
 
 

@@ -13,7 +13,7 @@ import pytest
 import timm
 import torch
 import yaml
-from helpers import free_port, reset_accelerate
+from helpers import free_port, reset_accelerate, run_tool_here
 from safetensors.torch import save_file
 
 import zoo
@@ -54,15 +54,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return {"weights": folder / "vit.safetensors", "recipe": folder / "tiny.yaml", "folder": folder}
 
 
-def run_tool(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
-    )
-
-
 def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
     run_dir = tmp_path / "hedgehog"
-    proc = run_tool(
+    proc = run_tool_here(
         "tools/convert.py", files["weights"], files["recipe"], "--attention", "hedgehog", "--img-size", "64",
         "--set", "data.options.canvas_size=64", "--stage1-steps", "2", "--stage2-steps", "2", "--output", run_dir,
     )  # fmt: skip
@@ -123,7 +117,8 @@ def test_a_run_directory_is_a_teacher_and_distils_its_logits(files, tmp_path):
 def test_what_cannot_be_converted_is_a_one_line_error(files, tmp_path):
     wide = tmp_path / "wide.safetensors"
     save_file(timm.create_model("vit_tiny_patch16_224", img_size=32, **{**SIZES, "embed_dim": 64}).state_dict(), wide)
-    proc = run_tool("tools/convert.py", wide, files["recipe"], "--attention", "hedgehog", "--output", tmp_path / "x")
+    recipe = files["recipe"]
+    proc = run_tool_here("tools/convert.py", wide, recipe, "--attention", "hedgehog", "--output", tmp_path / "x")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "wide.safetensors" in proc.stderr and "64" in proc.stderr.splitlines()[-1]
     splice = ROOT / "recipes" / "splice_quick.yaml"

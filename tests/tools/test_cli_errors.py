@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import run_tool, tiny_sequence_model
+from helpers import run_tool_here, tiny_sequence_model
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -137,12 +137,12 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 def test_tools_train_empty_recipe_and_patch_size(tmp_path):
     (tmp_path / "empty.yaml").write_text("# nothing yet\n")
-    result = run_tool("tools/train.py", str(tmp_path / "empty.yaml"))
+    result = run_tool_here("tools/train.py", str(tmp_path / "empty.yaml"))
     assert result.returncode == 2 and one_error_line(result).endswith(
         "empty.yaml: empty recipe: the file holds no settings (nor a base: line)"
     )
     (tmp_path / "odd.yaml").write_text(yaml.safe_dump({"model": {"img_size": 30, "patch_size": 8}}))
-    result = run_tool("tools/train.py", str(tmp_path / "odd.yaml"), "--output", str(tmp_path / "run"))
+    result = run_tool_here("tools/train.py", str(tmp_path / "odd.yaml"), "--output", str(tmp_path / "run"))
     assert result.returncode == 2
     assert (
         "odd.yaml: model.img_size: must be a multiple of the patch size 8 (model.patch_size), got 30: use 24 or "
@@ -162,7 +162,7 @@ def test_tools_train_on_a_csv_with_a_missing_target_value(tmp_path):
     }
     recipe["data"]["options"] = {"targets": ["load"], "lookback": 32, "horizon": 8}
     (tmp_path / "fc.yaml").write_text(yaml.safe_dump(recipe))
-    result = run_tool("tools/train.py", str(tmp_path / "fc.yaml"), "--output", str(tmp_path / "run"))
+    result = run_tool_here("tools/train.py", str(tmp_path / "fc.yaml"), "--output", str(tmp_path / "run"))
     assert result.returncode == 2
     line = one_error_line(result)
     assert f"{tmp_path / 'load.csv'}' line 32, column 2 ('load'): missing value" in line

@@ -6,13 +6,11 @@ import importlib.util
 import inspect
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import reset_accelerate
+from helpers import reset_accelerate, run_tool_here
 from safetensors.torch import load_file
 
 from zoo.config import RecipeError, SequenceConfig, load_recipe, recipe_from_dict
@@ -208,21 +206,13 @@ def test_required_options_and_roots():
 
 
 def test_cli_error_is_one_line(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "tools/train.py",
-            str(RECIPES / "elecdemand_quick.yaml"),
-            "--set",
-            "data.options.horizn=192",
-            "--output",
-            str(tmp_path / "run"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    result = run_tool_here(
+        "tools/train.py",
+        RECIPES / "elecdemand_quick.yaml",
+        "--set",
+        "data.options.horizn=192",
+        "--output",
+        tmp_path / "run",
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
