@@ -92,7 +92,8 @@ def student_recipe(teacher: Recipe, attention: str, options: dict[str, Any], img
     """The teacher's recipe at `img_size` (the canvas too) with `attention`."""
     model = dataclasses.replace(
         teacher.model,
-        img_size=img_size,
+        # the ViT kind's own key (zoo.kinds.vit.ViTOptions), beside the shared ones
+        options=dataclasses.replace(teacher.model.options, img_size=img_size),
         attention=dataclasses.replace(teacher.model.attention, name=attention, options=options),
     )
     data = dataclasses.replace(teacher.data, options={**teacher.data.options, "canvas_size": img_size})
