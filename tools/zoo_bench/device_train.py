@@ -31,7 +31,7 @@ from zoo.config import load_recipe
 from zoo.train.loop import Trainer
 
 from .device_check import TOY_OVERRIDES
-from .device_parts import tidy
+from .device_parts import frozen_heap, tidy
 from .device_report import train_markdown
 from .device_runs import fresh_accelerate, layout_fits
 from .machine import REPO_ROOT, device_name, versions
@@ -156,14 +156,15 @@ def run_device_train(
         (out / "device_train.md").write_text(train_markdown(results))
 
     save()
-    for run in runs:
-        try:
-            record = _train_one(run, overrides, seconds)
-        except Exception as error:  # noqa: BLE001 - one run's failure is recorded, the next run still trains
-            record = {"run": run, **failure(error)}
-        tidy(device)
-        results["runs"].append(record)
-        save()
+    with frozen_heap():
+        for run in runs:
+            try:
+                record = _train_one(run, overrides, seconds)
+            except Exception as error:  # noqa: BLE001 - one run's failure is recorded, the next run still trains
+                record = {"run": run, **failure(error)}
+            tidy(device)
+            results["runs"].append(record)
+            save()
     return results
 
 

@@ -268,7 +268,8 @@ def run_recall(
 
     A run that fails (error, out of memory, timeout) leaves the variant's other runs at that length and width, and
     its longer lengths at that width, unrun (they would fail the same way): they are recorded as skipped with the
-    reason. The figure is redrawn at most once a minute while the sweep runs, and at its end. `stop_after`: seconds
+    reason. The figure is redrawn at most once a minute while the sweep runs, and at its end unless the last run's
+    report drew it (matplotlib takes about 5 s a figure of the whole grid). `stop_after`: seconds
     after which no run starts (those running finish), so a lease of fixed length ends with every finished run saved;
     the sweep resumes from there. `pairs`: a fixed number of key-value pairs at every length (default L / 8);
     `sets`: `--set` items every run gets (batch size, sample counts: the long-length protocol), kept in the protocol.
@@ -318,7 +319,8 @@ def run_recall(
         for lr in lrs
         if (variant.label, length, width, seed, lr) not in done
     ]
-    lock, drawn, unstarted = threading.Lock(), [None], []
+    # drawn: when the figure was last drawn, and whether it shows every record so far
+    lock, drawn, unstarted = threading.Lock(), [None, False], []
     deadline = None if stop_after is None else time.monotonic() + stop_after
 
     def one(item: tuple[Variant, tuple]) -> None:
@@ -332,7 +334,8 @@ def run_recall(
         with lock:
             records.append(record)
             log(_describe(record))
-            drawn[0] = _save(results, out_dir, drawn[0])
+            when = _save(results, out_dir, drawn[0])
+            drawn[:] = [when, when != drawn[0]]
 
     if jobs == 1:
         for item in todo:
@@ -343,7 +346,7 @@ def run_recall(
             list(pool.map(one, todo))
     if unstarted:
         log(f"stopped after {stop_after:g} s: {len(unstarted)} runs not started; run the same command to resume")
-    write_report(results, out_dir)
+    write_report(results, out_dir, figure=not drawn[1])
     return results
 
 

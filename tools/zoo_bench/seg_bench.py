@@ -73,7 +73,9 @@ def _save(results: dict[str, Any], out: Path) -> None:
     out.write_text(report(results))
 
 
-def _protocol(recipe: dict[str, Any], budget_steps: int, seeds: int, layouts: list[str]) -> dict[str, Any]:
+def _protocol(
+    recipe: dict[str, Any], budget_steps: int, seeds: int, layouts: list[str], sets: Sequence[str]
+) -> dict[str, Any]:
     return {
         "recipe": shown_path(RECIPE),
         "budget_steps": budget_steps,
@@ -81,7 +83,8 @@ def _protocol(recipe: dict[str, Any], budget_steps: int, seeds: int, layouts: li
         "batch_size": recipe["data"]["batch_size"],
         "lr": recipe["optim"]["lr"],
         "decoder": _decoder(recipe["model"]),
-        "sets": list(SWEEP_SETS),
+        "sets": [*SWEEP_SETS, *sets],
+        "test_samples": recipe["data"]["test_samples"],
         "seeds": list(range(seeds)),
         "layouts": layouts,
         "tuning": TUNING,
@@ -105,20 +108,22 @@ def run_comparison(
     runs_dir: Path,
     layouts: Sequence[str] | None = None,
     timeout: float = 3600.0,
+    sets: Sequence[str] = (),
     log=print,
 ) -> dict[str, Any]:
     """Train and test every layout x seed (seed-major), save the JSON and the report after each run; resumes from
-    `out`'s JSON when its steps and seeds are this comparison's."""
+    `out`'s JSON when its steps and overrides are this comparison's. `sets`: recipe overrides every run gets after
+    the layout's (fewer validation and test canvases, say), kept in the protocol."""
     check_int("seeds", seeds, 1)
     check_int("budget_steps", budget_steps, 1)
     layouts = list(layouts or LAYOUTS)
     unknown = [name for name in layouts if name not in LAYOUTS]
     if unknown:
         raise ValueError(f"unknown layout {unknown[0]!r}; the layouts: {', '.join(LAYOUTS)}")
-    recipe = recipe_to_dict(load_recipe(RECIPE))
+    recipe = recipe_to_dict(load_recipe(RECIPE, list(sets)))
     saved_path = out.with_suffix(".json")
     saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
-    proto = _protocol(recipe, budget_steps, seeds, layouts)
+    proto = _protocol(recipe, budget_steps, seeds, layouts, sets)
     same = all(saved.get("protocol", {}).get(key) == proto[key] for key in ("budget_steps", "sets"))
     results = {"protocol": proto, "runs": saved.get("runs", []) if same else []}
     done = {(r["layout"], r["seed"]) for r in results["runs"]}
@@ -130,7 +135,7 @@ def run_comparison(
             run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
             record = train_and_test(
                 RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
-                options=spec["options"], timeout=timeout, extra=(*SWEEP_SETS, *spec.get("extra", ())),
+                options=spec["options"], timeout=timeout, extra=(*SWEEP_SETS, *spec.get("extra", ()), *sets),
             )  # fmt: skip
             record["baselines"] = _baselines(run_dir)
             results["runs"].append({"layout": layout, **record})
@@ -214,7 +219,8 @@ def report(results: dict[str, Any]) -> str:
         (
             "- Each run: `tools/train.py RECIPE --overwrite --test --set model.attention.name=V ... "
             f"train.max_steps={proto['budget_steps']} seed=S` in a fresh process; the tested checkpoint is the run's "
-            "best on validation; test split of 256 canvases."
+            # a comparison saved before the protocol named its test split ran the recipe's 256 canvases
+            f"best on validation; test split of {proto.get('test_samples', 256)} canvases."
         ),
         "- Score: test mIoU (%, the mean IoU over the classes present) and pixel accuracy (%), mean +- sample "
         "standard deviation over the seeds.",
@@ -252,9 +258,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-steps", type=int, default=80)
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), metavar="LAYOUT", help="default: all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "seg_bench")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="recipe overrides every run gets, e.g. data.test_samples=64 (kept in the protocol)",
+    )
     args = parser.parse_args(argv)
     run_comparison(
-        args.out, seeds=args.seeds, budget_steps=args.budget_steps, runs_dir=args.runs_dir, layouts=args.layouts
+        args.out,
+        seeds=args.seeds,
+        budget_steps=args.budget_steps,
+        runs_dir=args.runs_dir,
+        layouts=args.layouts,
+        sets=args.sets,
     )
 
 
