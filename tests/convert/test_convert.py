@@ -202,9 +202,14 @@ def test_stage2_distils_the_teachers_logits(tmp_path):
 
 
 def test_the_distillation_loss_is_hintons():
-    # timm's LogitDistillationTask against the formula written out: (1 - w) CE + w T^2 KL(teacher || student)
+    # timm's LogitDistillationTask against the formula written out: (1 - w) CE + w T^2 KL(teacher || student), both
+    # models reading the same input although their pretrained_cfg normalisations differ (as a built student's timm
+    # 0.5 / 0.5 and a loaded zoo run's 0 / 1 do)
     teacher = spiky_teacher(**DIGITS)
     student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64).eval()
+    channels = len(teacher.pretrained_cfg["mean"])
+    teacher.pretrained_cfg = {**teacher.pretrained_cfg, "mean": (0.0,) * channels, "std": (1.0,) * channels}
+    student.pretrained_cfg = {**student.pretrained_cfg, "mean": (0.5,) * channels, "std": (0.5,) * channels}
     kind = get_model_kind("vit")
     objective = Distillation(kind, kind.task(RECIPE), teacher=teacher, distill_weight=0.3, temperature=2.0)
     module = objective.module(student)

@@ -405,6 +405,11 @@ class Distillation(TaskObjective):
             device=accelerator.device,
             verbose=False,
         )
+        # zoo's data is normalised once, for both models: the teacher reads the student's input as it is. timm's task
+        # would map it from the student's pretrained_cfg mean / std to the teacher's, which differ for no reason of
+        # the data's (a freshly built student keeps timm's 0.5 / 0.5, a loaded zoo run its data's 0 / 1): the teacher
+        # then saw shifted images and its logits, the distillation target, were at chance
+        self.distiller.student_mean = self.distiller.student_std = None
 
     def _task_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return self.task.loss(outputs, targets, label_smoothing=self.label_smoothing)
