@@ -231,3 +231,25 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
     check["parts"]["train"]["items"][1]["samples_per_s"] = 175.0
     pick, why = choose._gpu_images(4097)
     assert (pick, why.split(" (")[0]) == ("`linear` (`r`)", "1.75x softmax's training samples/s")
+
+
+def test_the_long_recall_answer_states_chance_and_the_softmax_control(monkeypatch):
+    from zoo_bench import choose
+
+    def record(label, length, top1):
+        test = {"top1": top1}
+        return {"label": label, "length": length, "width": 64, "seed": 0, "lr": 3e-3, "status": "ok", "test": test}
+
+    results = {
+        "protocol": {"budget_steps": 100},
+        "records": [record("softmax", 1024, 0.001), record("linear", 1024, 0.002), record("linear", 4096, 0.0003)],
+    }
+    monkeypatch.setattr(choose, "RECALL_LENGTHS", ("r.json",))
+    monkeypatch.setattr(choose, "_load", lambda path: results)
+    text = choose._long_recall()
+    assert text.startswith("CPU, `r.json`: ")
+    # MQAR at vocabulary 2 L: one value in L, so chance is 1 / L
+    assert "L=1024 (100 steps; chance 0.0010; softmax did not learn it at this budget" in text
+    assert "softmax 0.0010, linear 0.0020; L=4096 (100 steps; chance 0.0002; no softmax control): linear 0.0003" in text
+    results["records"][0]["test"]["top1"] = 0.995
+    assert "L=1024 (100 steps; chance 0.0010; softmax learned it): softmax 0.9950" in choose._long_recall()

@@ -172,20 +172,37 @@ def _recall() -> list[tuple[str, str]]:
 
 
 def _long_recall() -> str:
-    """What the sweeps at 1K tokens and beyond hold: measured cells, or why none."""
-    cells, failures = [], []
+    """What the sweeps at 1K tokens and beyond hold: measured cells beside MQAR's chance (one value in L at
+    vocabulary 2 L) and whether softmax learned the task at that length and budget (>= 0.99: else the cells measure
+    the budget, not the attention), or why none."""
+    cells, failures, learned = [], [], {}
     for path in RECALL_LENGTHS:
         data = _load(path)
         if data is None:
             continue
-        for (label, length, _), cell in summarize_cells(data["records"]).items():
+        summary = summarize_cells(data["records"])
+        learned.update(
+            {length: cell.get("top1", 0) >= 0.99 for (label, length, _), cell in summary.items() if label == "softmax"}
+        )
+        steps = data["protocol"].get("budget_steps")
+        for (label, length, _), cell in summary.items():
             if cell["status"] == "ok":
-                cells.append(f"{label} {cell['top1']:.3f} at L={length}")
+                cells.append((length, f"{label} {cell['top1']:.4f}", steps, path))
             else:
                 failures.append(f"{label} at L={length}: {cell['status']} ({cell.get('message', '')}) in `{path}`")
-    if cells:
-        return "; ".join(cells)
-    return "not measured" + (f" (CPU: {'; '.join(failures)})" if failures else "")
+    if not cells:
+        return "not measured" + (f" (CPU: {'; '.join(failures)})" if failures else "")
+    parts = []
+    for length in sorted({c[0] for c in cells}):
+        at = [c for c in cells if c[0] == length]
+        control = {
+            True: "softmax learned it",
+            False: "softmax did not learn it at this budget, so these cells measure the budget, not the attention",
+        }.get(learned.get(length), "no softmax control")
+        parts.append(
+            f"L={length} ({at[0][2]} steps; chance {1 / length:.4f}; {control}): " + ", ".join(c[1] for c in at)
+        )
+    return "CPU, `" + cells[0][3] + "`: " + "; ".join(parts)
 
 
 def _conversion() -> tuple[str, str]:
