@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from zoo.cli import run_cli
+from zoo.cli import add_overrides, run_cli
 from zoo_bench.machine import default_device, device_slug
 from zoo_bench.recall import DEFAULT_LENGTHS, DEFAULT_LRS, DEFAULT_VARIANTS, DEFAULT_WIDTHS, run_recall
 from zoo_bench.recall_report import write_report
@@ -47,13 +47,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--pairs", type=int, metavar="P", help="key-value pairs at every length (default: L / 8, Zoology's grid)"
     )
-    parser.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
+    add_overrides(
+        parser,
+        "recipe overrides every run gets, e.g. data.batch_size=8 data.val_samples=64 (kept in the protocol)",
         dest="sets",
-        metavar="KEY=VALUE",
-        help="recipe overrides every run gets, e.g. data.batch_size=8 data.val_samples=64 (kept in the protocol)",
     )
     parser.add_argument("--out", help="output directory (default: benchmarks/<device name>)")
     parser.add_argument("--runs-dir", help="the runs' folders (default: runs/recall)")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zoo._validate import check_int
-from zoo.cli import run_cli
+from zoo.cli import add_overrides, run_cli
 from zoo.config import load_recipe, recipe_to_dict
 
 from .leaderboard import train_and_test
@@ -258,13 +258,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-steps", type=int, default=80)
     parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), metavar="LAYOUT", help="default: all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "seg_bench")
-    parser.add_argument(
-        "--set",
-        nargs="+",
-        default=[],
+    add_overrides(
+        parser,
+        "recipe overrides every run gets, e.g. data.test_samples=64 (kept in the protocol)",
         dest="sets",
-        metavar="KEY=VALUE",
-        help="recipe overrides every run gets, e.g. data.test_samples=64 (kept in the protocol)",
     )
     args = parser.parse_args(argv)
     run_comparison(
