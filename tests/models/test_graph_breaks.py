@@ -4,11 +4,12 @@ A graph break is where a GPU step would wait for the host (`.item()`, `int(tenso
 fall back to Python between kernels, so a variant that traces whole has neither. Registry-driven like
 `test_attention_registry.py`: each variant is built from its class's `test_options` (B=2, N=37, dim 32, 2 heads),
 in train mode, and compiled with the `eager` backend: Dynamo's tracing (which also speculates the backward of
-every custom autograd Function), none of the code generation, so the file stays fast. The backward then runs on
-the traced forward's output, and the output and every gradient must equal those of an eager copy. Once without
-a mask, once with a key padding mask, causal for the variants with a causal mode: the paths a GPU runs with
-`backend="torch"` (the CPU-only flash-parts path steps aside under compile). About 1 s of tracing per variant and
-call.
+every custom autograd Function), none of the code generation, so the file stays fast; the masked and causal call
+with `aot_eager`, AOTAutograd's graphs as well (the per-attention compile check of the timm model contract). The
+backward then runs on the traced forward's output, and the output and every gradient must equal those of an eager
+copy. Once without a mask, once with a key padding mask, causal for the variants with a causal mode: the paths a
+GPU runs with `backend="torch"` (the CPU-only flash-parts path steps aside under compile). About 1 s of tracing
+per variant and call (`eager`), 1-4 s (`aot_eager`).
 
 A variant that cannot trace whole is listed in `KNOWN_BREAKS` with the reason; its test is a strict xfail, so it
 fails once the break is gone (take it off the list) as well as for any variant off the list that breaks. Last, a
@@ -91,10 +92,13 @@ def forward_backward(forward, module: nn.Module, masked: bool, is_causal: bool) 
 
 def assert_compiled_equals_eager(name: str, masked: bool) -> None:
     """The variant compiled whole (fullgraph) against a copy of it run eagerly: outputs and every gradient (the
-    compiled paths may differ from eager's, e.g. the flash parts step aside, hence a tolerance)."""
+    compiled paths may differ from eager's, e.g. the flash parts step aside, hence a tolerance). The masked and
+    causal call goes through AOTAutograd too (`aot_eager`: functionalisation and the joint forward-backward graph
+    that inductor would receive, custom ops' backward included)."""
     module = build(name)
     eager = copy.deepcopy(module)
-    compiled = torch.compile(module, backend="eager", fullgraph=True, dynamic=False)
+    backend = "aot_eager" if masked else "eager"
+    compiled = torch.compile(module, backend=backend, fullgraph=True, dynamic=False)
     is_causal = masked and get_attention(name).supports_causal
     got = forward_backward(compiled, module, masked, is_causal)
     want = forward_backward(eager, eager, masked, is_causal)
