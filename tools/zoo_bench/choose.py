@@ -202,7 +202,8 @@ def _long_recall() -> str:
         parts.append(
             f"L={length} ({at[0][2]} steps; chance {1 / length:.4f}; {control}): " + ", ".join(c[1] for c in at)
         )
-    return "CPU, `" + cells[0][3] + "`: " + "; ".join(parts)
+    unfinished = f"; not finished: {'; '.join(failures)}" if failures else ""
+    return "CPU, `" + cells[0][3] + "`: " + "; ".join(parts) + unfinished
 
 
 def _conversion() -> tuple[str, str]:
