@@ -335,6 +335,8 @@ class SequenceModel(nn.Module):
         self.backbone.set_grad_checkpointing(enable)
 
     def forward(self, inputs: Tensor, mask: Tensor | None = None, *, positions: Tensor | None = None) -> Tensor:
+        if positions is not None and not self.task.per_position:
+            raise ValueError(f"positions are for per-position tasks, not task {self.task.name!r}")
         x, stats = inputs, None
         if self.input == "series":
             x = rearrange(inputs, "b l c -> b c l")
@@ -344,25 +346,17 @@ class SequenceModel(nn.Module):
         if self.stats_embed is not None:
             tokens = tokens + self.stats_embed(stats)
         features = self.backbone(tokens, token_mask)
-        if positions is not None:
-            return self._at_positions(features, token_mask, positions)
+        if positions is not None and self.head_on_positions:
+            # the p chosen tokens as one batch of one sequence: the head maps each token by itself
+            return self.head(features[positions][None])[0]
         out = self.head(features, token_mask)
         if self.task.per_position:
             # a k-mer token predicts k positions: the last token may reach past the input
-            return out[:, : inputs.shape[1]]
+            out = out[:, : inputs.shape[1]]
+            return out if positions is None else out[positions]
         if self.task.forecasts_inputs:
             return self._in_input_units(out, stats)
         return out
-
-    def _at_positions(self, features: Tensor, token_mask: Tensor | None, positions: Tensor) -> Tensor:
-        """features `[b, n, d]`, positions `[b, l]` bool -> the head's outputs `[p, k]` at the chosen positions."""
-        if not self.task.per_position:
-            raise ValueError(f"positions are for per-position tasks, not task {self.task.name!r}")
-        if self.head_on_positions:
-            # the p chosen tokens as one batch of one sequence: the head maps each token by itself
-            return self.head(features[positions][None])[0]
-        # a k-mer token predicts k positions: the last token may reach past the input
-        return self.head(features, token_mask)[:, : positions.shape[1]][positions]
 
     def _in_input_units(self, forecast: Tensor, stats: tuple[Tensor, Tensor] | None) -> Tensor:
         """forecast `[b, c, t]` in normalised units -> `[b, t, c_out]` in the input's, target channels only."""
