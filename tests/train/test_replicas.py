@@ -28,7 +28,9 @@ def records(tmp_path_factory) -> list[dict]:
     # two CPU processes (gloo) on a machine with a GPU too: each would otherwise take cuda:<rank>
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # the worker prints a JSON record per model as it finishes: the last one says where a crash came
+    finished = [line for line in result.stderr.splitlines() if line.startswith('{"recipes"')]
+    assert result.returncode == 0, f"after {finished[-1] if finished else 'no model'}:\n{result.stderr[-3000:]}"
     return json.loads(out.read_text())
 
 
