@@ -378,9 +378,9 @@ def test_flash_parts_gradients(monkeypatch, piece_bytes):
     def fn(q, k, v, ke, ve, dense):
         return parts_attention(q, k, v, parts, 0.7, ke, ve, dense, offsets=(-3, 30))
 
-    # cut into one-group calls, the whole Jacobian by finite differences takes 20 s; a random projection of it
-    # (gradcheck's fast mode) checks the same backward
-    assert torch.autograd.gradcheck(fn, (q, k, v, k_extra, v_extra, dense), fast_mode=piece_bytes == 1)
+    # gradcheck's fast mode: a random projection of the Jacobian by finite differences checks the same backward as
+    # the whole Jacobian (13 s whole, 20 s cut into one-group calls)
+    assert torch.autograd.gradcheck(fn, (q, k, v, k_extra, v_extra, dense), fast_mode=True)
 
 
 def test_flash_parts_path_is_the_default_on_cpu():
