@@ -327,21 +327,74 @@ def test_save_pretrained_checks_its_arguments(tmp_path):
     assert not (tmp_path / "m" / "config.json").exists()
 
 
-def test_the_hub_offline_fails_at_once_naming_the_file_route(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": "https://hub.invalid"}
-    code = (
-        "import zoo\n"
-        "for call in (lambda: zoo.load_model('hf-hub:someone/tiny'), lambda: zoo.push_to_hub(None, 'someone/tiny')):\n"
-        "    try:\n        call()\n    except (FileNotFoundError, ConnectionError) as error:\n        print(error)\n"
+# One fresh interpreter (the hub client reads its environment at import) where the hub's host never resolves
+# (.invalid), the cache is empty, and the client is told so through its own switch, HF_HUB_OFFLINE (without it the
+# client retries for about 50 s, printing "Retrying in ..."). Each call prints one line, "<what>: <error>", or
+# "<what>: loaded"; last, with a timm checkpoint put into the cache in the hub's layout, a pretrained model loads.
+OFFLINE_CHILD = """
+import os, shutil, sys, torch, zoo
+from pathlib import Path
+calls = {
+    'load_model': lambda: zoo.load_model('hf-hub:someone/tiny'),
+    'push_to_hub': lambda: zoo.push_to_hub(None, 'someone/tiny'),
+    'create_model': lambda: zoo.create_model('vit_tiny_patch16_224', pretrained=True),
+}
+for what, call in calls.items():
+    try:
+        call()
+    except Exception as error:
+        print(f'{what}: {type(error).__name__}: {error}')
+    else:
+        print(f'{what}: loaded')
+snapshot = Path(os.environ['SNAPSHOT'])
+snapshot.mkdir(parents=True)
+(snapshot.parent.parent / 'refs').mkdir()
+(snapshot.parent.parent / 'refs' / 'main').write_text('0' * 40)
+shutil.copy(os.environ['STOCK'], snapshot / 'model.safetensors')
+m = zoo.create_model('vit_tiny_patch16_224', attention='linear', pretrained=True)
+torch.save(m.state_dict()['blocks.0.attn.qkv.weight'], os.environ['OUT'])
+"""
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory) -> dict:
+    """The child's lines by call (`lines`), its stderr, the stock weights and what it loaded."""
+    folder = tmp_path_factory.mktemp("offline")
+    cache = folder / "hub"
+    repo = timm.create_model(ARCH).pretrained_cfg["hf_hub_id"]
+    stock = timm.create_model(ARCH).state_dict()
+    save_file(stock, folder / "stock.safetensors")
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_OFFLINE"}
+    env.update(
+        HF_HUB_CACHE=str(cache),
+        HF_ENDPOINT="https://hub.invalid",
+        HF_HUB_OFFLINE="1",
+        SNAPSHOT=str(cache / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)),
+        STOCK=str(folder / "stock.safetensors"),
+        OUT=str(folder / "loaded.pt"),
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, "-c", OFFLINE_CHILD], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert result.returncode == 0, result.stderr
-    loading, pushing = result.stdout.strip().splitlines()
+    lines = dict(line.split(": ", 1) for line in result.stdout.strip().splitlines())
+    return {"lines": lines, "stderr": result.stderr, "stock": stock, "loaded": folder / "loaded.pt"}
+
+
+def test_the_hub_offline_fails_at_once_naming_the_file_route(offline):
+    loading, pushing = offline["lines"]["load_model"], offline["lines"]["push_to_hub"]
+    assert loading.startswith(("FileNotFoundError", "ConnectionError")), loading
     assert "hf-hub:someone/tiny" in loading and "offline (HF_HUB_OFFLINE=1)" in loading
     assert "zoo.load_model(DIR)" in loading
+    assert pushing.startswith(("FileNotFoundError", "ConnectionError")), pushing
     assert "offline (HF_HUB_OFFLINE=1)" in pushing and "zoo.save_pretrained(model, DIR)" in pushing
+    assert "Retrying" not in offline["stderr"]
+
+
+def test_an_unreachable_hub_fails_at_once_with_the_file_route_and_loads_what_is_cached(offline):
+    failed = offline["lines"]["create_model"]
+    assert "the hub is not reachable" in failed and "pretrained_file=" in failed
+    torch.testing.assert_close(torch.load(offline["loaded"]), offline["stock"]["blocks.0.attn.qkv.weight"])
 
 
 def test_push_to_hub_hands_timm_what_save_pretrained_writes(tmp_path, monkeypatch):
