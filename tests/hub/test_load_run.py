@@ -10,7 +10,7 @@ import pytest
 import timm
 import torch
 import yaml
-from helpers import reset_accelerate, shrink_1d, tiny_vit_recipe
+from helpers import reset_accelerate, run_tool_here, shrink_1d, tiny_vit_recipe
 from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 
@@ -177,19 +177,11 @@ def test_run_directories_that_cannot_load_say_why(vit_run, tmp_path):
 
 
 def test_the_cli_reports_a_run_that_cannot_load_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
+    # in this process: README's segmentation block launches tools/predict.py as a user does (tests/test_docs.py)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(VIT))
     image = tmp_path / "x.png"
     image.write_bytes(b"")
-    proc = subprocess.run(
-        [sys.executable, "tools/predict.py", str(tmp_path), str(image)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_tool_here("tools/predict.py", tmp_path, image)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "without a 'best' checkpoint" in proc.stderr
 
