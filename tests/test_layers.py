@@ -5,6 +5,7 @@ in a cycle. A new module belongs to the layer of its folder; a new folder is add
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,7 @@ def _imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
     return found
 
 
+@cache  # parsed when a test first asks (about 1 s), not at collection in every xdist worker
 def _graph() -> dict[str, set[str]]:
     paths = {_module(p): p for p in (ROOT / "zoo").rglob("*.py")}
     return {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
@@ -116,19 +118,17 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-GRAPH = _graph()
-
-
 def test_imports_only_go_down():
-    assert not upward_imports(GRAPH), "a lower layer imports a higher one:\n" + "\n".join(upward_imports(GRAPH))
+    upward = upward_imports(_graph())
+    assert not upward, "a lower layer imports a higher one:\n" + "\n".join(upward)
 
 
 def test_no_import_cycles():
-    assert find_cycle(GRAPH) is None, "import cycle: " + " -> ".join(find_cycle(GRAPH) or [])
+    assert find_cycle(_graph()) is None, "import cycle: " + " -> ".join(find_cycle(_graph()) or [])
 
 
 def test_every_module_has_a_layer():
-    assert not unlayered(GRAPH), f"modules of no layer (add their folder to LAYERS): {unlayered(GRAPH)}"
+    assert not unlayered(_graph()), f"modules of no layer (add their folder to LAYERS): {unlayered(_graph())}"
 
 
 def test_a_new_top_level_folder_has_no_layer_until_listed():
