@@ -17,6 +17,7 @@ import runpy
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -146,21 +147,15 @@ def hide_cuda(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
     request.addfinalizer(reset_accelerate)
 
 
-def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """`python ARGS` in a fresh interpreter from the repository root (a command line as a user runs it): its exit
-    status and captured text output. `run_tool_here` does the same in this process."""
-    command = [sys.executable, *map(str, args)]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
-
-
 def run_tool_here(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """`run_tool(*args)` in this process, for a test whose point is not the fresh process (it saves 5-10 s of
-    imports): `tools/<name>.py` runs as `__main__` with sys.argv, sys.path[0] and the working directory as `python`
-    sets them; its stdout and stderr are captured, log records included (the root logger is left without handlers, so
-    `run_cli`'s `logging.basicConfig` writes to the captured stderr); the status is its `SystemExit` (0 when it
-    returns; an exception that escapes prints its traceback and gives 1, as the interpreter does). accelerate's state
-    is reset before and after; sys.argv, sys.path, the working directory, the environment, logging and `zoo.cli`'s
-    log file are restored."""
+    """`python ARGS` from `cwd` (a command line as a user runs it: its exit status and captured text output) in this
+    process, for a test whose point is not the fresh process (it saves 5-10 s of imports; the fresh processes are
+    README's, launched by tests/test_docs.py, and the sweep tools' runs): `tools/<name>.py` runs as `__main__` with
+    sys.argv, sys.path[0] and the working directory as `python` sets them; its stdout and stderr are captured, log
+    records included (the root logger is left without handlers, so `run_cli`'s `logging.basicConfig` writes to the
+    captured stderr); the status is its `SystemExit` (0 when it returns; an exception that escapes prints its traceback
+    and gives 1, as the interpreter does). accelerate's state is reset before and after; sys.argv, sys.path, the working
+    directory, the environment, logging and `zoo.cli`'s log file are restored."""
     script, *rest = map(str, args)
     out, err = io.StringIO(), io.StringIO()
     root, quiet = logging.getLogger(), logging.getLogger("accelerate")
@@ -199,3 +194,20 @@ def run_tool_here(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedPr
             os.environ.update(environ)
         reset_accelerate()
     return subprocess.CompletedProcess([sys.executable, *map(str, args)], status or 0, out.getvalue(), err.getvalue())
+
+
+def sweep_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep tools' runs (`zoo_bench.leaderboard.run_child`: `python tools/train.py ... --test` in a fresh
+    process each) through `run_tool_here` in this process, for a test of what a tool makes of its runs' own files
+    rather than of the fresh process (tests/tools/test_leaderboard.py and README's leaderboard block launch those);
+    each saves an interpreter's imports, about 11 s of CPU. The log holds the run's output; its peak memory reads 0."""
+    from zoo_bench import leaderboard
+
+    def run_child(command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict:
+        assert command[0] == sys.executable and env is None, command
+        start = time.perf_counter()
+        result = run_tool_here(*command[1:], cwd=Path.cwd())
+        Path(log).write_text(result.stdout + result.stderr)
+        return {"returncode": result.returncode, "wall_s": round(time.perf_counter() - start, 2), "peak_rss_mib": 0.0}
+
+    monkeypatch.setattr(leaderboard, "run_child", run_child)

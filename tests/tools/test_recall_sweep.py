@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import sweep_runs_here
 
 from zoo_bench import recall, recall_report, recall_speed
 from zoo_bench.recall import Variant, cell_data, parse_variant, run_recall, state_size, summarize_cells
@@ -213,8 +214,9 @@ def test_variant_errors_name_the_bad_value():
 @pytest.mark.slow
 @pytest.mark.usefixtures("undrawn")
 def test_a_real_tiny_sweep(tmp_path, monkeypatch, capsys):
-    # the command line in this process (a fresh interpreter would spend 10 s importing what this one holds); the run
-    # itself is tools/train.py in a fresh process, as always
+    # the command line and its run (tools/train.py --test) in this process: a fresh interpreter would spend 10 s
+    # importing what this one holds (tests/tools/test_leaderboard.py launches the runs' fresh processes)
+    sweep_runs_here(monkeypatch)
     main = runpy.run_path(str(ROOT / "tools" / "recall.py"))["main"]
     monkeypatch.chdir(ROOT)
     out, runs = tmp_path / "out", tmp_path / "runs"

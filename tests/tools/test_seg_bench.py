@@ -4,6 +4,7 @@ from each run's eval.json), mean and spread over seeds, the baseline row, and fa
 import json
 
 import pytest
+from helpers import sweep_runs_here
 
 from zoo.config import load_recipe
 from zoo_bench import seg_bench
@@ -58,7 +59,8 @@ def test_the_table_gives_mean_and_spread_over_seeds_the_baseline_and_failures():
 
 
 @pytest.mark.slow
-def test_a_real_run_s_metrics_files_are_what_the_table_says(tmp_path):
+def test_a_real_run_s_metrics_files_are_what_the_table_says(tmp_path, monkeypatch):
+    sweep_runs_here(monkeypatch)  # tools/train.py --test in this process (tests/tools/test_leaderboard.py: fresh ones)
     out = tmp_path / "seg.md"
     # 16 validation and test canvases instead of the recipe's 256 each: 4-7 s less
     fewer = ("data.val_samples=16", "data.test_samples=16")

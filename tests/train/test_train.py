@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import hide_cuda, reset_accelerate, run_tool, run_tool_here, tiny_vit_recipe, with_sections, write_recipe
+from helpers import hide_cuda, reset_accelerate, run_tool_here, tiny_vit_recipe, with_sections, write_recipe
 from safetensors.torch import load_file
 
 import zoo
@@ -150,8 +150,8 @@ def test_malformed_recipes_give_one_line_and_exit_nonzero(tmp_path, override, me
 def test_missing_recipe_and_run_dir_name_the_path(tmp_path):
     result = run_tool_here("tools/train.py", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2 and "nope.yaml" in result.stderr and "Traceback" not in result.stderr
-    # a fresh interpreter: tools/eval.py run as a user runs it (the suite's one launch of it)
-    result = run_tool("tools/eval.py", str(tmp_path / "no_run"))
+    # README's blocks launch tools/eval.py as a user does (tests/test_docs.py)
+    result = run_tool_here("tools/eval.py", str(tmp_path / "no_run"))
     assert result.returncode == 2 and "no_run" in result.stderr and "Traceback" not in result.stderr
 
 
