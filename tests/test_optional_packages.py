@@ -33,9 +33,11 @@ NEEDS = {
 # datasets list, and each dataset that needs a package.
 CHILD = """
 import contextlib, importlib, importlib.util, io, json, pkgutil, runpy, sys
+from pathlib import Path
 
 absent, needs, command = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
-sys.argv, stderr = command, io.StringIO()
+# as `python tools/train.py` sets them: the arguments, and the script's folder first on the path
+sys.argv, sys.path[0], stderr = command, str(Path(command[0]).resolve().parent), io.StringIO()
 with contextlib.redirect_stderr(stderr):
     try:
         runpy.run_path(command[0], run_name="__main__")

@@ -361,8 +361,8 @@ def offline(tmp_path_factory) -> dict:
     """The child's lines by call (`lines`), its stderr, the stock weights and what it loaded."""
     folder = tmp_path_factory.mktemp("offline")
     cache = folder / "hub"
-    repo = timm.create_model(ARCH).pretrained_cfg["hf_hub_id"]
-    stock = timm.create_model(ARCH).state_dict()
+    stock_model = timm.create_model(ARCH)
+    repo, stock = stock_model.pretrained_cfg["hf_hub_id"], stock_model.state_dict()
     save_file(stock, folder / "stock.safetensors")
     env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_OFFLINE"}
     env.update(
