@@ -7,9 +7,10 @@
 # 1. Wheels carried in $WHEELS (default .whl) are installed into $SITE (default /tmp/site), which goes first on
 #    PYTHONPATH: a package the machine lacks, or another version of one.
 # 2. The machine: nvidia-smi -L (where there is one), Python, torch, CUDA and triton versions.
-# 3. The fused kernels' block sizes (`zoo_bench.kernel_configs`, at most $KERNEL_TIMEOUT s) into $OUT; the fastest
-#    are exported as ZOO_FUSED_CONFIG for what follows, and where a feature map has no configuration that ran, the
-#    fused kernels are turned off (ZOO_FUSED=0) so that the check still measures the torch paths.
+# 3. The fused kernels' block sizes (`zoo_bench.kernel_configs`, at most $KERNEL_TIMEOUT s, the maps in
+#    $KERNEL_MAPS, default all) into $OUT; the fastest of each map swept are exported as ZOO_FUSED_CONFIG for what
+#    follows. A map the sweep did not finish keeps the kernels' own block sizes: the fused kernels stay on (a lease
+#    that turned them off measured the torch paths in their place).
 # 3b. `make device-check` into $OUT/check, stopped after $CHECK_TIMEOUT s (its report is rewritten after every item,
 #    so a run cut short keeps what finished). The folder is then packed into $OUT/check.tar.gz, its device_check.md
 #    and device_check.json left beside it.
@@ -28,6 +29,7 @@ set -u -o pipefail
 OUT=${OUT:-$PWD/device-check/lease}
 DEVICE=${DEVICE:-cuda}
 KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-100}
+KERNEL_MAPS=${KERNEL_MAPS:-}
 CHECK_TIMEOUT=${CHECK_TIMEOUT:-420}
 FLA_TIMEOUT=${FLA_TIMEOUT:-0}
 TEST_TIMEOUT=${TEST_TIMEOUT:-150}
@@ -124,18 +126,17 @@ lease() {
     echo "DEVICE_TEST_ARGS=$DEVICE_TEST_ARGS"
 
     if [ "$DEVICE" = cuda ] && [ "$KERNEL_TIMEOUT" != 0 ]; then
+        # shellcheck disable=SC2086 # KERNEL_MAPS is a list of words
         step kernel-configs "$KERNEL_TIMEOUT" "$OUT/kernel_configs.log" \
             env PYTHONPATH=".:tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m zoo_bench.kernel_configs --out "$OUT" \
-            --repeats 5 || status=1
+            --repeats 5 ${KERNEL_MAPS:+--maps $KERNEL_MAPS} || status=1
         local chosen
         chosen=$(grep -h '^ZOO_FUSED_CONFIG=' "$OUT/kernel_configs.log" | tail -n 1 | cut -d= -f2-)
         rm -f "$OUT/kernel_configs.log"
-        if [ -n "$chosen" ] && [ "$(echo "$chosen" | tr ',' '\n' | grep -c =)" = 3 ]; then
+        if [ -n "$chosen" ]; then
             export ZOO_FUSED_CONFIG=$chosen
-        else
-            export ZOO_FUSED=0
         fi
-        echo "ZOO_FUSED_CONFIG=${ZOO_FUSED_CONFIG:-} ZOO_FUSED=${ZOO_FUSED:-1}"
+        echo "ZOO_FUSED_CONFIG=${ZOO_FUSED_CONFIG:-} (a map not named keeps the kernels' own block sizes)"
     fi
     export ZOO_FLA=0
     step device-check "$CHECK_TIMEOUT" - make -s device-check DEVICE="$DEVICE" DEVICE_OUT="$OUT/check" || status=1

@@ -233,6 +233,27 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
     assert (pick, why.split(" (")[0]) == ("`linear` (`r`)", "1.75x softmax's training samples/s")
 
 
+def test_a_layer_pick_compares_each_variant_with_softmax_in_its_own_file(monkeypatch):
+    """Two files are two machines: `local` measured 10x its own file's softmax beats `linear`'s 6.25x in a faster
+    machine's file, although linear's 0.8 ms is the shorter time."""
+    from zoo_bench import choose
+
+    def record(variant, seconds):
+        return {"variant": variant, "length": 65536, "status": "ok", "fwd_bwd_s": seconds}
+
+    files = {
+        "h100.json": {"records": [record("softmax", 10.0), record("local", 1.0), record("linear", 4.0)]},
+        "h200.json": {"records": [record("softmax", 5.0), record("linear", 0.8)]},
+        "cpu.json": {"records": []},
+    }
+    monkeypatch.setattr(choose, "LAYER_FILES", {"GPU": ("h100.json", "h200.json"), "CPU": ("cpu.json",)})
+    monkeypatch.setattr(choose, "_load", files.get)
+    pick, why = choose._layer("GPU", 65536)
+    assert (pick, why) == ("`local`", "10.0x softmax (1e+03 ms) (`h100.json`)")
+    files["h200.json"]["records"][1]["fwd_bwd_s"] = 0.4  # 12.5x in its own file
+    assert choose._layer("GPU", 65536) == ("`linear`", "12.5x softmax (400 ms) (`h200.json`)")
+
+
 def test_the_long_recall_answer_states_chance_and_the_softmax_control(monkeypatch):
     from zoo_bench import choose
 

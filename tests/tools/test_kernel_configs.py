@@ -10,7 +10,7 @@ from zoo_bench import kernel_configs
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs the kernels compiled, not interpreted")
-def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch):
+def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4"))
     # two feature maps (one with a projection) at toy sizes: the interpreter is slow
     features = {"linear": ("linear", {}, "elu"), "hedgehog": ("hedgehog", {"feature_dim": 8}, "hedgehog")}
@@ -28,3 +28,9 @@ def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkey
         rows, warps = (int(part) for part in fastest.split(":"))
         assert _config_override(Feature[feature.upper()]) == (rows, warps, None)
     assert "Chosen: `ZOO_FUSED_CONFIG=" in (tmp_path / "kernel_configs.md").read_text()
+    # a line after each map: a lease that stops the sweep at its limit exports the maps that finished
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ZOO_FUSED_CONFIG=")]
+    assert printed == [
+        f"ZOO_FUSED_CONFIG=elu={results['best']['elu']}",
+        f"ZOO_FUSED_CONFIG=elu={results['best']['elu']},hedgehog={results['best']['hedgehog']}",
+    ]

@@ -30,6 +30,8 @@ __all__ = ["COLUMNS", "MARGIN", "RULES", "Column", "Fact", "beyond_noise", "card
 GPU_DIR = "benchmarks/nvidia-h100-80gb-hbm3"
 # the fused linear-family kernels, measured on an H200 after the H100's sweep (a later file wins per variant)
 FUSED_DIR = "benchmarks/nvidia-h200/fused"
+# the H200's full device check with the fused kernels on (its torch_paths/ folder: the same check with them off)
+H200_CHECK = "benchmarks/nvidia-h200/all_recipes"
 
 
 @dataclass(frozen=True)
@@ -366,19 +368,29 @@ COLUMNS = (
     ),
     Column(
         "GPU speed at 64K",
-        (f"{GPU_DIR}/results.json", f"{GPU_DIR}/one_block/results.json", f"{FUSED_DIR}/results.json"),
-        f"{GPU_DIR}/results.md",
-        "one layer (dim 512, 8 heads), bf16, forward + backward on an H100 (on an H200 for the fused kernels of "
-        "`linear`, `performer` and `hedgehog`, benchmarks/nvidia-h200/fused): softmax's (SDPA flash) time over the "
-        "variant's, and its own time",
+        (
+            f"{GPU_DIR}/results.json",
+            f"{GPU_DIR}/one_block/results.json",
+            f"{FUSED_DIR}/results.json",
+            f"{H200_CHECK}/results.json",
+        ),
+        f"{H200_CHECK}/results.md",
+        "one layer (dim 512, 8 heads), bf16, forward + backward on an H200 (`linear`, `performer`, `hedgehog` on "
+        f"their fused kernels, and `neighborhood`: {H200_CHECK}), else on an H100 ({GPU_DIR}): softmax's "
+        "(SDPA flash) time over the variant's, in the same file, and its own time",
         _gpu_speed,
     ),
     Column(
         "correct on CUDA",
-        (f"{GPU_DIR}/device_check.json", f"{GPU_DIR}/one_block/device_check.json"),
-        f"{GPU_DIR}/device_check.md",
-        "forward and backward on an H100 in fp32 and bf16 within tolerance of the CPU fp32 reference (worst bf16 "
-        "error of output and input gradient)",
+        (
+            f"{GPU_DIR}/device_check.json",
+            f"{GPU_DIR}/one_block/device_check.json",
+            f"{H200_CHECK}/torch_paths/device_check.json",
+        ),
+        f"{H200_CHECK}/torch_paths/device_check.md",
+        "forward and backward on an H200 (an H100 for a variant that check lacks; the torch paths, fused kernels "
+        "off) in fp32 and bf16 within tolerance of the CPU fp32 reference (worst bf16 error of output and input "
+        "gradient)",
         _gpu_correct,
     ),
 )

@@ -3,8 +3,10 @@
 `python -m zoo_bench.kernel_configs --out DIR` times forward + backward of one attention layer (projections
 included, bf16 autocast, the shapes the 1024-px recipes and the 64K sweep use) for every feature map under each
 `rows:warps` configuration, with SDPA beside it, and writes `kernel_configs.json` / `.md` with the fastest
-configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them (printed last, for a lease
-script to export before the device check).
+configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them, for a lease script to export
+before the device check. Both are rewritten, and the line printed again, after each feature map, so that a sweep
+stopped at its time limit still chooses for the maps it finished (the others keep the kernels' own block sizes).
+Performer's map goes first: its 256 features are the furthest from the others' default tiles.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import torch
 from zoo.attention import create_attention
 from zoo.attention._fused_linear import force_fused
 
-# name -> (variant, options, `Feature` name)
+# name -> (variant, options, `Feature` name), in the order swept
 FEATURES = {
-    "linear": ("linear", {}, "elu"),
     "performer": ("performer", {"nb_features": 256}, "favor"),
     "hedgehog": ("hedgehog", {"feature_dim": 64}, "hedgehog"),
+    "linear": ("linear", {}, "elu"),
 }
 CONFIGS = ("32:4", "64:4", "64:8", "32:8", "32:8:bf16", "64:4:bf16")
 # (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
@@ -60,29 +62,46 @@ def time_layer(name: str, options: dict, shape: tuple[int, int, int, int], devic
     return sorted(times)[len(times) // 2]
 
 
-def sweep(device: str = "cuda", repeats: int = 10) -> dict:
-    """Every (variant, configuration, shape) timed; the best configuration per feature map weighs the 1024-px
-    shape fully and the 64K one by a quarter."""
+def sweep(device: str = "cuda", repeats: int = 10, names: tuple[str, ...] = (), out: Path | None = None) -> dict:
+    """Every (variant, configuration, shape) timed, for the feature maps `names` (default: all, in `FEATURES`'
+    order); the best configuration per feature map weighs the 1024-px shape fully and the 64K one by a quarter.
+    With `out`, the results are written there after each map."""
     shapes = SHAPES if device == "cuda" else CPU_SHAPES
-    results: dict = {"device": device, "configs": {}, "sdpa_ms": {}, "best": {}}
+    results: dict = {"device": device, "configs": {}, "sdpa_ms": {}, "best": {}, "env": ""}
     for shape_name, shape in shapes.items():
         results["sdpa_ms"][shape_name] = time_layer("softmax", {}, shape, device, repeats)
-    for name, (variant, options, feature) in FEATURES.items():
+    for name in names or tuple(FEATURES):
+        variant, options, feature = FEATURES[name]
         rows = results["configs"].setdefault(name, {})
         for config in CONFIGS:
-            os.environ["ZOO_FUSED_CONFIG"] = config
-            try:
-                rows[config] = {s: time_layer(variant, options, shape, device, repeats) for s, shape in shapes.items()}
-            except Exception as error:  # noqa: BLE001 - a configuration that fails to compile is recorded
-                rows[config] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-            finally:
-                os.environ.pop("ZOO_FUSED_CONFIG", None)
+            rows[config] = _time_config(config, variant, options, shapes, device, repeats)
         timed = {c: r for c, r in rows.items() if "error" not in r}
         if timed:
-            best = min(timed, key=lambda c: timed[c]["vit_s_1024"] + timed[c]["64k"] / 4)
-            results["best"][feature] = best
-    results["env"] = ",".join(f"{feature}={config}" for feature, config in results["best"].items())
+            results["best"][feature] = min(timed, key=lambda c: timed[c]["vit_s_1024"] + timed[c]["64k"] / 4)
+        results["env"] = ",".join(f"{feature}={config}" for feature, config in results["best"].items())
+        if out is not None:
+            write(results, out)
     return results
+
+
+def _time_config(config: str, variant: str, options: dict, shapes: dict, device: str, repeats: int) -> dict:
+    """ms per shape under `ZOO_FUSED_CONFIG=config`, or the error of a configuration that fails to compile."""
+    os.environ["ZOO_FUSED_CONFIG"] = config
+    try:
+        return {s: time_layer(variant, options, shape, device, repeats) for s, shape in shapes.items()}
+    except Exception as error:  # noqa: BLE001 - recorded, and the sweep goes on
+        return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    finally:
+        os.environ.pop("ZOO_FUSED_CONFIG", None)
+
+
+def write(results: dict, out: Path) -> None:
+    """`kernel_configs.json` / `.md` into `out`, and the `ZOO_FUSED_CONFIG=` line of the maps chosen so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernel_configs.json").write_text(json.dumps(results, indent=1))
+    (out / "kernel_configs.md").write_text(markdown(results))
+    print(markdown(results), flush=True)
+    print(f"ZOO_FUSED_CONFIG={results['env']}", flush=True)
 
 
 def markdown(results: dict) -> str:
@@ -109,13 +128,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: toy sizes, interpreted")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--maps", nargs="+", choices=tuple(FEATURES), default=(), help="default: all, in this order")
     args = parser.parse_args()
-    results = sweep(args.device, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernel_configs.json").write_text(json.dumps(results, indent=1))
-    (args.out / "kernel_configs.md").write_text(markdown(results))
-    print(markdown(results))
-    print(f"ZOO_FUSED_CONFIG={results['env']}")
+    sweep(args.device, args.repeats, tuple(args.maps), args.out)
 
 
 if __name__ == "__main__":
