@@ -107,7 +107,7 @@ def profile_for(device: str) -> Profile:
     if device == "cuda":
         return Profile(
             device="cuda",
-            budgets={"correctness": 20.0, "train": 160.0, "bench": 60.0, "compile": 50.0, "long": 45.0, "flex": 25.0},
+            budgets={"correctness": 20.0, "train": 160.0, "bench": 60.0, "compile": 100.0, "long": 45.0, "flex": 25.0},
             bench_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
             bench_dim=512,
             bench_heads=8,
