@@ -173,7 +173,9 @@ def test_backend_auto_uses_flex_only_on_cuda():
     assert not _flex.use_flex("auto", q) and _flex.use_flex("flex", q) and not _flex.use_flex("torch", q)
 
 
-# The compiled flex forward on CPU (each pattern compiles once, 5-20 s).
+# The compiled flex forward on CPU. Each pattern compiles once, 10-12 s of C++ with inductor's cache cold (a fresh
+# machine or checkout): one call per pattern, with key padding, whose mask wraps the pattern's own (an unpadded call
+# would compile the pattern alone again; the patterns themselves are checked uncompiled above).
 
 
 def grid_pair(name: str, **options):
@@ -189,7 +191,8 @@ def grid_pair(name: str, **options):
     "name,options",
     [
         ("window2d", {"grid_size": (5, 7), "num_prefix_tokens": 2, "window": 3, "shift": 1}),
-        ("neighborhood", {"grid_size": (6, 7), "num_prefix_tokens": 1, "kernel": 3, "dilation": 2}),
+        # an odd grid in ragged bands of 4 rows (tokens in tiles, the order undone at the output), dilated
+        ("neighborhood", {"grid_size": (13, 11), "num_prefix_tokens": 1, "kernel": 5, "dilation": 2, "tile_rows": 4}),
     ],
 )
 def test_flex_forward_equals_the_torch_path(name, options):
@@ -199,21 +202,19 @@ def test_flex_forward_equals_the_torch_path(name, options):
     keep = padding(n)
     keep[1] = False  # a sample with every key padded: zeros, not NaN
     with torch.no_grad():
-        torch.testing.assert_close(flex(x), fast(x), rtol=1e-5, atol=1e-5)
         out = flex(x, keep)
         torch.testing.assert_close(out, fast(x, keep), rtol=1e-5, atol=1e-5)
     assert torch.isfinite(out).all()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("is_causal,masked", [(False, True), (True, False)])
-def test_flex_forward_equals_local_attention(is_causal, masked):
+def test_flex_forward_equals_causal_local_attention_with_padding():
     module = family("local", window=5).float()
     q, k, v = qkv(70, torch.float32)
-    mask = padding(70) if masked else None
+    mask = padding(70)
     with torch.no_grad():
-        out = flex_attend(q, k, v, local_mask(5, is_causal), mask, scale=module.scale)
-    torch.testing.assert_close(out, module.attend(q, k, v, mask, is_causal), rtol=1e-5, atol=1e-5)
+        out = flex_attend(q, k, v, local_mask(5, True), mask, scale=module.scale)
+    torch.testing.assert_close(out, module.attend(q, k, v, mask, True), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

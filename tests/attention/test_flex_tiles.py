@@ -6,8 +6,8 @@ raster order.
 
 On CPU the kernel is swapped for `blockwise_flex`, FlexAttention's semantics in differentiable dense ops that honour
 the block lists (a key counts in a full block, or in a partial one where the mask_mod allows it), so the order, the
-block lists, the key padding and the gradients are all checked without a GPU; the compiled forward runs once on
-CPU, the compiled backward only on CUDA."""
+block lists, the key padding and the gradients are all checked without a GPU; the compiled forward of a tiled
+neighbourhood runs on CPU in test_flex.py (against the torch path), the compiled backward only on CUDA, here."""
 
 import builders
 import pytest
@@ -206,23 +206,6 @@ def test_window2d_prefix_tokens_last_keeps_aligned_windows_in_whole_blocks():
     assert partial + full > 129 and full < 64
     ours = block_mask(pattern, 4097, 1, CPU)
     assert (int(ours.kv_num_blocks.sum()), int(ours.full_kv_num_blocks.sum())) == (65, 64)
-
-
-@pytest.mark.slow
-def test_compiled_tiled_forward_matches_the_dense_reference():
-    """The compiled kernel on CPU (one compile), an odd grid in ragged bands of 4 rows, key padding, and a sample
-    with every key padded (zeros)."""
-    grid, prefix, kernel = (13, 11), 1, 5
-    n = prefix + 143
-    options = {"grid_size": grid, "num_prefix_tokens": prefix, "kernel": kernel, "tile_rows": 4}
-    attention = builders.make("neighborhood", DIM, HEADS, backend="flex", **options)
-    q, k, v = builders.qkv(2, HEADS, n, 16, seed=3)
-    padding = builders.padding(2, n, drop=0.3, seed=4)
-    padding[1] = False
-    with torch.no_grad():
-        out = attention.attend(q, k, v, padding, False)
-    expected = softmax_reference(q, k, v, reference_keep(grid, prefix, kernel), padding)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's compiled backward needs CUDA")
