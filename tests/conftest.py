@@ -42,3 +42,14 @@ def pytest_collection_modifyitems(config, items):
     # The tests marked slow (multi-process and end-to-end runs, up to minutes each) first: the two processes share
     # them from the start and finish on the short tests, rather than one process ending on a long tail alone.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def distributed_runs(tmp_path_factory):
+    """The suite's one torchrun launch (tests/distributed_worker.py, made by tests/distributed_launch.py): made by the
+    first test that asks, in whichever pytest-xdist worker; the others read its files. A `Launch`: the runs' folder,
+    status and output, and `check(job)` for a test to fail with the run that stopped it."""
+    # imported here, not above: it imports zoo, which must come after TRITON_INTERPRET is set
+    from distributed_launch import shared_launch
+
+    return shared_launch(tmp_path_factory)

@@ -1,6 +1,7 @@
 """Builders shared by the test files, imported by name (`from helpers import tiny_vit_recipe`): the tiny recipes
-that train in seconds on a CPU, a fresh accelerate state for the next run in the same process, and the command lines
-run in a fresh interpreter (`run_tool`) or in this one (`run_tool_here`).
+that train in seconds on a CPU (and the inputs of the suite's torchrun launch, tests/distributed_launch.py), a fresh
+accelerate state for the next run in the same process, and the command lines run in a fresh interpreter
+(`run_tool`) or in this one (`run_tool_here`).
 
 Fixtures live in conftest.py; these are plain functions because test files call them at import time and inside
 their own helpers, and a conftest.py cannot be imported reliably (pytest loads one per folder under one name).
@@ -14,7 +15,6 @@ import io
 import logging
 import os
 import runpy
-import socket
 import subprocess
 import sys
 import time
@@ -22,9 +22,11 @@ import traceback
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from accelerate.test_utils.testing import AccelerateTestCase
+from safetensors.torch import save_file
 
 from zoo import cli
 
@@ -116,17 +118,57 @@ def shrink_1d(max_steps: int) -> list[str]:
     ]
 
 
-def free_port() -> int:
-    """A port no process listens on, for a torchrun launch (a fixed one collides with a run beside it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def write_recipe(path: Path, tree: dict) -> Path:
     """`tree` written to `path` as YAML."""
     path.write_text(yaml.safe_dump(tree))
     return path
+
+
+def fsdp_recipe_file(folder: Path, **train) -> Path:
+    """tests/train/test_fsdp.py's recipe, written to `folder`/tiny_fsdp.yaml with `train` keys on top of its train
+    section: ViTDet's layout in miniature, 2-D windows of 2 x 2 patches on the 4 x 4 grid, softmax in block 1; drop
+    path, so that the activation checkpointing of the fsdp runs must replay the random masks to match ddp; a conv
+    stem, whose BatchNorm statistics every process updates from its own batch (process 0's are kept under both
+    strategies); seed 5, 32 training samples in batches of 4, Adam at 1e-3."""
+    tree = tiny_vit_recipe(
+        name="tiny_fsdp",
+        seed=5,
+        model={
+            "stem": "conv",
+            "depth": 2,
+            "drop_path_rate": 0.1,
+            "attention": {"name": "window2d", "options": {"window": 2}},
+            "global_blocks": [1],
+            "global_attention": {"name": "softmax"},
+        },
+        data={"train_samples": 32, "batch_size": 4},
+        optim={"lr": 1e-3},
+        # constant: the learning rate of a step does not depend on train.max_steps, which the resume raises
+        schedule={"name": "constant"},
+        # mixed precision `auto`: bf16 on a GPU that has it
+        train={"log_every_steps": 1, "checkpoint_every_steps": 2, "mixed_precision": "auto", **train},
+    )
+    return write_recipe(folder / "tiny_fsdp.yaml", tree)
+
+
+# the teacher of tests/convert: a timm ViT of 2 blocks, 32 wide, 2 heads, 8-px patches
+TEACHER_SIZES = {"embed_dim": 32, "depth": 2, "num_heads": 2, "patch_size": 8}
+
+
+def conversion_inputs(folder: Path) -> dict[str, Path]:
+    """What tools/convert.py converts in the tests (tests/convert, the suite's torchrun launch), written to
+    `folder`: `weights`, a random timm ViT (seed 0, TEACHER_SIZES, 32 px) saved with safetensors, as a user's timm
+    checkpoint; `recipe`, the student's recipe (`tiny`, seed 1): that architecture with softmax attention on the tiny
+    32-px MegaMNIST canvases (16 / 8 / 8 samples, one batch of 8); and `folder`."""
+    torch.manual_seed(0)
+    teacher = timm.create_model("vit_tiny_patch16_224", img_size=32, **TEACHER_SIZES)
+    save_file(teacher.state_dict(), folder / "vit.safetensors")
+    tree = tiny_vit_recipe(
+        seed=1,
+        model={**TEACHER_SIZES, "attention": {"name": "softmax"}},
+        data={"train_samples": 16, "val_samples": 8, "test_samples": 8},
+    )
+    return {"weights": folder / "vit.safetensors", "recipe": write_recipe(folder / "tiny.yaml", tree), "folder": folder}
 
 
 def reset_accelerate() -> None:

@@ -1,10 +1,8 @@
-"""The worker of tests/train/test_replicas.py, launched by torchrun on two CPU processes: every shipped recipe
-(recipes/*.yaml), shrunk to CPU size by overrides, trains a few steps through zoo's Trainer under each
-`train.distributed` strategy given, and the processes then compare their whole states, weights and buffers, entry
-by entry. All recipes and strategies run in this one launch, one after another, so that the suite pays torchrun's
-start (and the imports) once.
-
-    python -m torch.distributed.run --nproc_per_node 2 tests/replica_worker.py ddp,fsdp OUT.json [RECIPE ...]
+"""The `replicas` run of tests/distributed_worker.py (the suite's torchrun launch, two CPU processes): every shipped
+recipe (recipes/*.yaml), shrunk to CPU size by overrides, trains a few steps through zoo's Trainer under each
+`train.distributed` strategy (STRATEGIES), and the processes then compare their whole states, weights and buffers,
+entry by entry. All recipes and strategies run one after another in the launch's two processes, so that the suite
+pays torchrun's start (and the imports) once; tests/train/test_replicas.py reads the records.
 
 Recipes that shrink to the same model and inputs (a `_quick` variant and its full recipe, the Pathfinder
 resolutions) train once. Process 0 writes OUT.json: one record per model and strategy, `{"recipes": [...],
@@ -31,11 +29,12 @@ from helpers import reset_accelerate
 
 from zoo.config import Recipe, load_recipe
 from zoo.data import _debian as debian
-from zoo.train.distributed import end_processes, whole_state
+from zoo.train.distributed import whole_state
 from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
+STRATEGIES = ("ddp", "fsdp")
 BATCH = 2  # per process
 
 # The shared CPU size: 2 blocks, 32 wide, 2 heads; a few whole batches; full precision; no workers, no warm-up.
@@ -131,13 +130,15 @@ def train_and_compare(recipe: Recipe, run_dir: Path) -> dict:
     }
 
 
-def main(strategies: list[str], out: Path, names: list[str]) -> None:
-    paths = [ROOT / "recipes" / f"{name}.yaml" for name in names] or sorted((ROOT / "recipes").glob("*.yaml"))
+def run(out: Path) -> None:
+    """Every shipped recipe under each of STRATEGIES; the records into `out` (by process 0), each also printed on
+    stderr as it is made, so that the last one printed says where a crash came."""
+    paths = sorted((ROOT / "recipes").glob("*.yaml"))
     torch.set_num_threads(1)
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for group in by_model(paths):
-            for strategy in strategies:
+            for strategy in STRATEGIES:
                 start = time.perf_counter()
                 try:
                     recipe = shrink(group[0], strategy)
@@ -151,9 +152,5 @@ def main(strategies: list[str], out: Path, names: list[str]) -> None:
                 records.append({"recipes": [p.stem for p in group], "strategy": strategy, **record, "seconds": seconds})
                 print(json.dumps(records[-1]), file=sys.stderr, flush=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(records, indent=1))
-    end_processes()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1].split(","), Path(sys.argv[2]), sys.argv[3:])

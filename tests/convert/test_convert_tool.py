@@ -1,19 +1,15 @@
 """tools/convert.py end to end: a locally made timm checkpoint (a random timm ViT saved with safetensors) converted
 to hedgehog at 4x the tokens on MegaMNIST, and the result read by tools/eval.py, zoo.predict and zoo.load_model;
-a run directory as the teacher; two processes under torchrun; one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64
-px)."""
+a run directory as the teacher; two processes under torchrun (the `convert` run of the suite's one torchrun launch,
+tests/distributed_worker.py); one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64 px)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import timm
 import torch
-import yaml
-from helpers import free_port, reset_accelerate, run_tool_here
+from helpers import TEACHER_SIZES, conversion_inputs, reset_accelerate, run_tool_here
 from safetensors.torch import save_file
 
 import zoo
@@ -25,33 +21,12 @@ from zoo.train.loop import Trainer
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("no_network")
 
-SIZES = {"embed_dim": 32, "depth": 2, "num_heads": 2, "patch_size": 8}
-RECIPE = {
-    "name": "tiny",
-    "seed": 1,
-    "model": {"name": "vit_tiny_patch16_224", "img_size": 32, **SIZES, "attention": {"name": "softmax"}},
-    "data": {
-        "name": "megamnist",
-        "options": {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1},
-        "train_samples": 16,
-        "val_samples": 8,
-        "test_samples": 8,
-        "batch_size": 8,
-        "num_workers": 0,
-    },
-    "train": {"epochs": 1, "mixed_precision": "no"},
-}
 AT_64 = ["model.img_size=64", "data.options.canvas_size=64"]
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("convert")
-    torch.manual_seed(0)
-    timm_vit = timm.create_model("vit_tiny_patch16_224", img_size=32, **SIZES)
-    save_file(timm_vit.state_dict(), folder / "vit.safetensors")
-    (folder / "tiny.yaml").write_text(yaml.safe_dump(RECIPE))
-    return {"weights": folder / "vit.safetensors", "recipe": folder / "tiny.yaml", "folder": folder}
+    return conversion_inputs(tmp_path_factory.mktemp("convert"))
 
 
 def test_a_timm_checkpoint_converts_end_to_end_into_a_run(files, tmp_path):
@@ -116,7 +91,9 @@ def test_a_run_directory_is_a_teacher_and_distils_its_logits(files, tmp_path):
 
 def test_what_cannot_be_converted_is_a_one_line_error(files, tmp_path):
     wide = tmp_path / "wide.safetensors"
-    save_file(timm.create_model("vit_tiny_patch16_224", img_size=32, **{**SIZES, "embed_dim": 64}).state_dict(), wide)
+    save_file(
+        timm.create_model("vit_tiny_patch16_224", img_size=32, **{**TEACHER_SIZES, "embed_dim": 64}).state_dict(), wide
+    )
     recipe = files["recipe"]
     proc = run_tool_here("tools/convert.py", wide, recipe, "--attention", "hedgehog", "--output", tmp_path / "x")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -129,18 +106,12 @@ def test_what_cannot_be_converted_is_a_one_line_error(files, tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_converts_on_two_processes_as_training_does(files, tmp_path):
-    # each stage a data-parallel Trainer run (gloo): both processes end with the same weights, the run is readable
-    run_dir = tmp_path / "ddp"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "tools/convert.py", str(files["weights"]), str(files["recipe"]), "--attention", "hedgehog", "--img-size", "64",
-        "--set", "data.options.canvas_size=64", "--stage1-steps", "2", "--stage2-steps", "2", "--output", str(run_dir),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("val after stage2: ") == 1
+def test_torchrun_converts_on_two_processes_as_training_does(distributed_runs):
+    # each stage a data-parallel Trainer run (gloo): both processes end with the same weights, the run is readable;
+    # tools/convert.py converts helpers.conversion_inputs' teacher to hedgehog at 64 px, 2 + 2 steps
+    distributed_runs.check("convert")
+    run_dir = distributed_runs.folder / "convert"
+    assert distributed_runs.runs("stdout")["convert"].count("val after stage2: ") == 1
     for stage in ("stage1", "stage2"):
         summary = json.loads((run_dir / "stages" / stage / "train_summary.json").read_text())
         assert summary["num_processes"] == 2 and summary["replicas_identical"] and summary["steps"] == 2, stage

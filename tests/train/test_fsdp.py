@@ -1,19 +1,15 @@
 """`train.distributed: fsdp` (zoo.train.distributed) against `ddp`, each on two CPU processes (gloo): sharded weights
 and checkpoints, the same weights after a resume, evaluation of the result; one process; the errors. The four
-two-process runs of tools/train.py are one torchrun launch (tests/train/fsdp_worker.py), so that torch, timm and zoo
-are imported once rather than once per run."""
+two-process runs of tools/train.py are the `train` runs of the suite's one torchrun launch
+(tests/distributed_worker.py), so that torch, timm and zoo are imported once rather than once per run."""
 
 import json
 import logging
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import free_port, hide_cuda, reset_accelerate, tiny_vit_recipe, with_sections, write_recipe
+from helpers import fsdp_recipe_file, hide_cuda, reset_accelerate
 from safetensors.torch import load_file
 from torch import nn
 
@@ -24,73 +20,30 @@ from zoo.evaluate import evaluate
 from zoo.train.distributed import build_accelerator, is_sharded, shard_units
 from zoo.train.loop import Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# ViTDet's layout in miniature: 2-D windows of 2 x 2 patches on the 4 x 4 grid, softmax in block 1; drop path, so
-# that the activation checkpointing of the fsdp runs must replay the random masks to match ddp; a conv stem, whose
-# BatchNorm statistics every process updates from its own batch (process 0's are kept under both strategies).
-TINY = tiny_vit_recipe(
-    name="tiny_fsdp",
-    seed=5,
-    model={
-        "stem": "conv",
-        "depth": 2,
-        "drop_path_rate": 0.1,
-        "attention": {"name": "window2d", "options": {"window": 2}},
-        "global_blocks": [1],
-        "global_attention": {"name": "softmax"},
-    },
-    data={"train_samples": 32, "batch_size": 4},
-    optim={"lr": 1e-3},
-    # constant: the learning rate of a step does not depend on train.max_steps, which the resume raises
-    schedule={"name": "constant"},
-    # mixed precision `auto`: bf16 on a GPU that has it
-    train={"log_every_steps": 1, "checkpoint_every_steps": 2, "mixed_precision": "auto"},
-)
-
-
-def recipe_file(folder: Path, **train) -> Path:
-    return write_recipe(folder / "tiny_fsdp.yaml", with_sections(TINY, train=train))
-
-
-def launch(recipe: Path, root: Path) -> tuple[str, str]:
-    """tests/train/fsdp_worker.py on two CPU processes: its four runs of tools/train.py under `root`; the launch's
-    stdout and stderr. The GPU is hidden from them: on a machine with one, each process would take cuda:<rank>
-    (cuda:1 does not exist on one GPU)."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        str(ROOT / "tests" / "train" / "fsdp_worker.py"), str(recipe), str(root),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout, result.stderr
-
-
-def by_run(text: str) -> dict[tuple[str, str], str]:
-    """`text` cut at the worker's markers: `(strategy, "first" | "second")` -> what followed its marker, in order."""
-    parts = re.split(r"^=== (\w+) (\w+) ===$", text, flags=re.MULTILINE)  # fsdp_worker.MARKER
-    return {(strategy, part): run for strategy, part, run in zip(parts[1::3], parts[2::3], parts[3::3], strict=True)}
+STRATEGIES = ("ddp", "fsdp")  # distributed_worker.TRAIN_STRATEGIES
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def runs(distributed_runs) -> dict:
     """Each strategy trains 2 of the 4 steps of an epoch, stops (with a checkpoint), then resumes to step 4; fsdp
-    with model.grad_checkpointing (its activation checkpointing). All four runs are tools/train.py's main() in one
-    torchrun launch (tests/train/fsdp_worker.py), in order, in the same two processes: each process imports torch,
-    timm and zoo once (about 11 s of CPU each) instead of once per run; about 25 s in all. Each run's output is what
-    followed its marker, on stdout then on stderr."""
-    root = tmp_path_factory.mktemp("fsdp")
-    recipe = recipe_file(root)
-    stdout, stderr = map(by_run, launch(recipe, root))
-    order = [(strategy, part) for strategy in ("ddp", "fsdp") for part in ("first", "second")]
+    with model.grad_checkpointing (its activation checkpointing). All four runs are tools/train.py's main() on
+    helpers.fsdp_recipe_file's recipe, in order, in the two processes of the suite's one torchrun launch (the `train`
+    runs of tests/distributed_worker.py), the last of its runs: torch, timm and zoo are imported once rather than once
+    per run, and the launch ends with the last run's `end_processes()`. Each run's output is what followed its
+    marker, on stdout then on stderr."""
+    distributed_runs.check("train")
+    stdout, stderr = (
+        {name: text for name, text in distributed_runs.runs(stream).items() if name.startswith("train ")}
+        for stream in ("stdout", "stderr")
+    )
+    order = [f"train {strategy} {part}" for strategy in STRATEGIES for part in ("first", "second")]
     assert list(stdout) == list(stderr) == order, (list(stdout), list(stderr))
     return {
         strategy: {
-            "dir": root / strategy,
-            **{part: stdout[strategy, part] + stderr[strategy, part] for part in ("first", "second")},
+            "dir": distributed_runs.folder / "train" / strategy,
+            **{part: distributed_runs.output(f"train {strategy} {part}") for part in ("first", "second")},
         }
-        for strategy in ("ddp", "fsdp")
+        for strategy in STRATEGIES
     }
 
 
@@ -140,7 +93,7 @@ def test_an_fsdp_run_evaluates_as_the_ddp_run(runs, monkeypatch, request):
 
 def test_one_process_fsdp_trains_the_whole_model(tmp_path, caplog):
     reset_accelerate()
-    recipe = load_recipe(recipe_file(tmp_path, distributed="fsdp", max_steps=2))
+    recipe = load_recipe(fsdp_recipe_file(tmp_path, distributed="fsdp", max_steps=2))
     with caplog.at_level(logging.INFO, logger="zoo.train.distributed"):
         trainer = Trainer(recipe, tmp_path / "run")
     assert "nothing to shard over" in caplog.text
@@ -170,6 +123,6 @@ def test_models_fsdp_cannot_shard_are_refused():
 
 def test_an_unknown_strategy_names_the_choices(tmp_path):
     with pytest.raises(RecipeError, match="train.distributed: expected one of 'ddp', 'fsdp', got 'fsdpp'"):
-        load_recipe(recipe_file(tmp_path), ["train.distributed=fsdpp"])
+        load_recipe(fsdp_recipe_file(tmp_path), ["train.distributed=fsdpp"])
     with pytest.raises(ValueError, match=r"unknown train.distributed 'fdsp' \(did you mean 'fsdp'\?\)"):
         build_accelerator("fdsp")

@@ -1,37 +1,26 @@
 """Every shipped recipe's model keeps identical replicas under 2-process `ddp` and `fsdp`, buffers included (the conv
 stem's BatchNorm statistics, Performer's features, VQ's codebooks, the seeds): tests/replica_worker.py trains each
-recipe at CPU size for a few steps under both strategies, all in one torchrun launch, and compares the processes'
-states entry by entry."""
+recipe at CPU size for a few steps under both strategies, in the suite's one torchrun launch (the `replicas` run of
+tests/distributed_worker.py), and compares the processes' states entry by entry."""
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
-from replica_worker import STEPS
+from replica_worker import STEPS, STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
-STRATEGIES = ("ddp", "fsdp")
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory) -> list[dict]:
+def records(distributed_runs) -> list[dict]:
     """The worker's records: one per model (recipes that shrink to the same model share one) and strategy."""
-    out = tmp_path_factory.mktemp("replicas") / "records.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        str(ROOT / "tests" / "replica_worker.py"), ",".join(STRATEGIES), str(out),
-    ]  # fmt: skip
-    # two CPU processes (gloo) on a machine with a GPU too: each would otherwise take cuda:<rank>
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, check=False)
     # the worker prints a JSON record per model as it finishes: the last one says where a crash came
-    finished = [line for line in result.stderr.splitlines() if line.startswith('{"recipes"')]
-    assert result.returncode == 0, f"after {finished[-1] if finished else 'no model'}:\n{result.stderr[-3000:]}"
-    return json.loads(out.read_text())
+    printed = distributed_runs.output("replicas").splitlines()
+    finished = [line for line in printed if line.startswith('{"recipes"')]
+    distributed_runs.check("replicas", f", after {finished[-1] if finished else 'no model'}")
+    return json.loads((distributed_runs.folder / "replicas.json").read_text())
 
 
 @pytest.mark.slow

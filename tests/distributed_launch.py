@@ -1,0 +1,105 @@
+"""The suite's one torchrun launch (tests/distributed_worker.py on two CPU processes), made once per pytest session
+for the tests that read its runs: tests/train/test_replicas.py, tests/train/test_fsdp.py and
+tests/convert/test_convert_tool.py (through the `distributed_runs` fixture of tests/conftest.py). A launch pays about
+25 s of CPU in imports alone (torch, timm, torchmetrics and zoo in torchrun's agent and each of its two workers):
+one launch rather than one per test file took the three files from about 178 to 133 s of CPU on 2 cores.
+
+Under pytest-xdist the first worker to ask makes it, holding a file lock in the folder that the session's workers
+share (the parent of each one's basetemp), and writes its result there, `launch.json` last; the others wait on the
+lock, then read it. Without xdist the session's basetemp holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+from helpers import conversion_inputs, fsdp_recipe_file
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "distributed_worker.py"
+# the launch takes about 70 s on 2 idle cores
+TIMEOUT = 1200
+MARKER = re.compile(r"^=== (.+) ===$", flags=re.MULTILINE)  # distributed_worker.MARKER
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the launch left: its runs' files under `folder` (tests/distributed_worker.py's OUT), its exit status
+    (None: killed after TIMEOUT s), and its stdout and stderr."""
+
+    folder: Path
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+    def runs(self, stream: str) -> dict[str, str]:
+        """The run names in the order they started -> what followed each one's marker on `stream` (`stdout`,
+        `stderr`)."""
+        parts = MARKER.split(getattr(self, stream))
+        return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+    def output(self, run: str) -> str:
+        """What run `run` printed: on stdout, then on stderr."""
+        return self.runs("stdout").get(run, "") + self.runs("stderr").get(run, "")
+
+    def check(self, job: str, context: str = "") -> None:
+        """Fail unless every run of `job` (those named `<job> ...`) ended well: a later run started, or the launch
+        ended with status 0 (the last job's `end_processes()`). The message names the run that stopped the launch
+        (`context` after it) and gives the tail of its stderr."""
+        started = list(self.runs("stderr"))
+        mine = [index for index, name in enumerate(started) if name.split()[0] == job]
+        if mine and (self.returncode == 0 or mine[-1] < len(started) - 1):
+            return
+        status = f"was killed after {TIMEOUT} s" if self.returncode is None else f"exited {self.returncode}"
+        where = f"in its run '{started[-1]}'" if started else "before its first run"
+        tail = self.runs("stderr")[started[-1]] if started else self.stderr
+        problem = "did not finish" if mine else "did not run"
+        raise AssertionError(
+            f"{job} {problem}: the torchrun launch of {WORKER.name} {status} {where}{context}:\n{tail[-5000:]}"
+        )
+
+
+def launch(folder: Path) -> Launch:
+    """tests/distributed_worker.py on two CPU processes, its inputs and outputs under `folder` (emptied first); the
+    result also in folder/launch.json. The GPU is hidden from them: on a machine with one, each process would take
+    cuda:<rank> (cuda:1 does not exist on one GPU)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "inputs").mkdir(parents=True)
+    conversion = conversion_inputs(folder / "inputs")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
+        str(folder), str(fsdp_recipe_file(folder / "inputs")), str(conversion["weights"]), str(conversion["recipe"]),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False)
+        result = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+    except subprocess.TimeoutExpired as timeout:
+        result = {"returncode": None, "stdout": _text(timeout.stdout), "stderr": _text(timeout.stderr)}
+    (folder / "launch.json").write_text(json.dumps(result))
+    return Launch(folder, **result)
+
+
+def _text(output: bytes | str | None) -> str:
+    """What a killed process had printed (bytes, whatever `text=True` asked)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def shared_launch(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """The session's launch: made by the first caller (of any xdist worker), read by the others."""
+    basetemp = tmp_path_factory.getbasetemp()
+    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    folder = shared / "distributed_launch"
+    with FileLock(shared / "distributed_launch.lock"):
+        if (folder / "launch.json").is_file():
+            return Launch(folder, **json.loads((folder / "launch.json").read_text()))
+        return launch(folder)
