@@ -28,9 +28,10 @@ set -u -o pipefail
 
 OUT=${OUT:-$PWD/device-check/lease}
 DEVICE=${DEVICE:-cuda}
-KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-100}
+# the defaults fit one device call of 600 s: on an H200 the whole check took 283 s with a 50 s compile part (now 100)
+KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-60}
 KERNEL_MAPS=${KERNEL_MAPS:-}
-CHECK_TIMEOUT=${CHECK_TIMEOUT:-420}
+CHECK_TIMEOUT=${CHECK_TIMEOUT:-360}
 FLA_TIMEOUT=${FLA_TIMEOUT:-0}
 TEST_TIMEOUT=${TEST_TIMEOUT:-150}
 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-0}
