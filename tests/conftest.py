@@ -44,11 +44,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+def pytest_collection_finish(session):
+    # the launch starts now, beside the tests, where a selected test reads it
+    if any("distributed_runs" in getattr(item, "fixturenames", ()) for item in session.items):
+        from distributed_launch import start
+
+        start(session.config._tmp_path_factory)
+
+
 @pytest.fixture(scope="session")
 def distributed_runs(tmp_path_factory):
-    """The suite's one torchrun launch (tests/distributed_worker.py, made by tests/distributed_launch.py): made by the
-    first test that asks, in whichever pytest-xdist worker; the others read its files. A `Launch`: the runs' folder,
-    status and output, and `check(job)` for a test to fail with the run that stopped it."""
+    """The suite's one torchrun launch (tests/distributed_worker.py, made by tests/distributed_launch.py): started
+    once collection ends, in one pytest-xdist worker; the tests read its files. A `Launch`: the runs' folder, status
+    and output, and `check(job)` for a test to fail with the run that stopped it."""
     # imported here, not above: it imports zoo, which must come after TRITON_INTERPRET is set
     from distributed_launch import shared_launch
 

@@ -4,9 +4,12 @@ tests/convert/test_convert_tool.py (through the `distributed_runs` fixture of te
 25 s of CPU in imports alone (torch, timm, torchmetrics and zoo in torchrun's agent and each of its two workers):
 one launch rather than one per test file took the three files from about 178 to 133 s of CPU on 2 cores.
 
-Under pytest-xdist the first worker to ask makes it, holding a file lock in the folder that the session's workers
-share (the parent of each one's basetemp), and writes its result there, `launch.json` last; the others wait on the
-lock, then read it. Without xdist the session's basetemp holds it.
+The launch starts as soon as collection ends (`start`, from tests/conftest.py's `pytest_collection_finish`), in a
+thread of one process, so that its two processes run beside the tests rather than while a worker waits for them:
+under pytest-xdist the first worker to claim it (a file made with O_EXCL in the folder that the session's workers
+share, the parent of each one's basetemp). The thread holds a file lock there while the launch runs and writes its
+result, `launch.json` last; a test that asks (`shared_launch`) waits on the lock, then reads it, or makes the launch
+itself where none was started. Without xdist the session's basetemp holds it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +33,8 @@ WORKER = ROOT / "tests" / "distributed_worker.py"
 # the launch takes about 70 s on 2 idle cores
 TIMEOUT = 1200
 MARKER = re.compile(r"^=== (.+) ===$", flags=re.MULTILINE)  # distributed_worker.MARKER
+# the thread `start` made the launch in, in the process that claimed it
+_starter: threading.Thread | None = None
 
 
 @dataclass(frozen=True)
@@ -70,15 +76,25 @@ class Launch:
 
 def launch(folder: Path) -> Launch:
     """tests/distributed_worker.py on two CPU processes, its inputs and outputs under `folder` (emptied first); the
-    result also in folder/launch.json. The GPU is hidden from them: on a machine with one, each process would take
-    cuda:<rank> (cuda:1 does not exist on one GPU)."""
+    result also in folder/launch.json."""
+    return run(prepare(folder), folder)
+
+
+def prepare(folder: Path) -> list[str]:
+    """The launch's inputs under `folder` (emptied first), and its command line."""
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "inputs").mkdir(parents=True)
     conversion = conversion_inputs(folder / "inputs")
-    command = [
+    return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
         str(folder), str(fsdp_recipe_file(folder / "inputs")), str(conversion["weights"]), str(conversion["recipe"]),
     ]  # fmt: skip
+
+
+def run(command: list[str], folder: Path) -> Launch:
+    """The launch, its result written to folder/launch.json. The GPU is hidden from its processes: on a machine with
+    one, each would take cuda:<rank> (cuda:1 does not exist on one GPU). Only a subprocess and files: safe in a
+    thread beside the tests (the inputs, which draw from torch's global generator, are `prepare`d before)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     try:
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False)
@@ -94,12 +110,52 @@ def _text(output: bytes | str | None) -> str:
     return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
-def shared_launch(tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """The session's launch: made by the first caller (of any xdist worker), read by the others."""
+def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every xdist worker of this session sees (the session's basetemp without xdist)."""
     basetemp = tmp_path_factory.getbasetemp()
-    shared = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    return basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+
+
+def _made_or_make(shared: Path) -> Launch:
+    """Under the lock: the launch already made, read from its files, or made now."""
     folder = shared / "distributed_launch"
     with FileLock(shared / "distributed_launch.lock"):
         if (folder / "launch.json").is_file():
             return Launch(folder, **json.loads((folder / "launch.json").read_text()))
         return launch(folder)
+
+
+def start(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Start the launch in a thread of this process, unless another process of the session claimed it first. The
+    lock is taken here, and released by the thread once the launch's files are written."""
+    shared = _shared(tmp_path_factory)
+    try:
+        os.close(os.open(shared / "distributed_launch.claim", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    lock = FileLock(shared / "distributed_launch.lock", thread_local=False)
+    lock.acquire()
+    folder = shared / "distributed_launch"
+    if (folder / "launch.json").is_file():
+        lock.release()
+        return
+    command = prepare(folder)
+
+    def make() -> None:
+        try:
+            run(command, folder)
+        finally:
+            lock.release()
+
+    global _starter
+    _starter = threading.Thread(target=make, name="distributed-launch", daemon=True)
+    _starter.start()
+
+
+def shared_launch(tmp_path_factory: pytest.TempPathFactory) -> Launch:
+    """The session's launch: made by `start`'s thread (in this process: waited for here, as a second lock in the
+    thread that took the first would deadlock) or, where none started, by the first caller of any xdist worker;
+    read by the others."""
+    if _starter is not None:
+        _starter.join()
+    return _made_or_make(_shared(tmp_path_factory))

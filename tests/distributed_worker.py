@@ -18,9 +18,9 @@ The runs, in order, each named by its marker (`job` first):
 A tool's run is its own command line: its `main()` under `run_cli`, with `sys.argv` as a user types it. Before each
 run accelerate's state is forgotten; after it the log files that the run's `log_to` attached (and `run_cli`'s stderr
 handler) are closed and detached, as a fresh process would have none. tools/train.py's `main()` ends with
-`end_processes()`, which leaves the process group and exits: every train run but the last sees a stand-in that only
-waits for the other process and flushes, the last one the real call, so the launch ends as a user's does (status 0
-after the last checkpoint).
+`end_processes()`, which leaves the process group and exits (tools/convert.py's too): every run but the last sees a
+stand-in that only waits for the other process and flushes, the last one (a train run) the real call, so the
+launch ends as a user's does (status 0 after the last checkpoint).
 
 Before each run process 0 prints `=== <run> ===` (`MARKER`) on stdout and on stderr, and the processes wait for each
 other, so that the tests can tell each run's output apart, and which run a crash stopped.
@@ -110,6 +110,8 @@ def main(out: Path, fsdp_recipe: Path, teacher: Path, student: Path) -> None:
         *train_runs(train, fsdp_recipe, out / "train"),
     ]
     end_processes = train.end_processes
+    # tools/convert.py ends as tools/train.py does; its run is never the last
+    convert.end_processes = wait_for_the_others
     first_process = int(os.environ.get("RANK", "0") or 0) == 0
     for index, (name, run) in enumerate(runs):
         # the last run (a train run) ends the launch as tools/train.py does

@@ -23,6 +23,7 @@ from accelerate import PartialState
 from zoo.cli import add_overrides, run_cli
 from zoo.config import load_recipe
 from zoo.convert.run import convert_run
+from zoo.train.distributed import end_processes
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,12 +69,13 @@ def main() -> None:
         log_every=10,
     )
     # under torchrun every process converts (the stages are data-parallel runs); one reports
-    if not PartialState().is_main_process:
-        return
-    for stage, metrics in result.metrics.items():
-        scores = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-        print(f"val after {stage}: {scores}")
-    print(f"wrote {run_dir} (tools/eval.py {run_dir}; tools/predict.py {run_dir} INPUT...)")
+    if PartialState().is_main_process:
+        for stage, metrics in result.metrics.items():
+            scores = " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+            print(f"val after {stage}: {scores}")
+        print(f"wrote {run_dir} (tools/eval.py {run_dir}; tools/predict.py {run_dir} INPUT...)")
+    # a distributed run ends with exit status 0 after its last save, as tools/train.py's does
+    end_processes()
 
 
 if __name__ == "__main__":
