@@ -52,6 +52,12 @@ def pytest_collection_finish(session):
         start(session.config._tmp_path_factory)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    launch = sys.modules.get("distributed_launch")
+    if launch is not None:
+        launch.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+
+
 @pytest.fixture(scope="session")
 def distributed_runs(tmp_path_factory):
     """The suite's one torchrun launch (tests/distributed_worker.py, made by tests/distributed_launch.py): started

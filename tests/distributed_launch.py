@@ -35,6 +35,8 @@ TIMEOUT = 1200
 MARKER = re.compile(r"^=== (.+) ===$", flags=re.MULTILINE)  # distributed_worker.MARKER
 # the thread `start` made the launch in, in the process that claimed it
 _starter: threading.Thread | None = None
+# the launch's torchrun process while it runs
+_running: set[subprocess.Popen] = set()
 
 
 @dataclass(frozen=True)
@@ -96,18 +98,33 @@ def run(command: list[str], folder: Path) -> Launch:
     one, each would take cuda:<rank> (cuda:1 does not exist on one GPU). Only a subprocess and files: safe in a
     thread beside the tests (the inputs, which draw from torch's global generator, are `prepare`d before)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    try:
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False)
-        result = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-    except subprocess.TimeoutExpired as timeout:
-        result = {"returncode": None, "stdout": _text(timeout.stdout), "stderr": _text(timeout.stderr)}
+    pipe = subprocess.PIPE
+    with subprocess.Popen(command, cwd=ROOT, stdout=pipe, stderr=pipe, text=True, env=env) as proc:
+        _running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            stdout, stderr = proc.communicate()
+            returncode = None
+        finally:
+            _running.discard(proc)
+    result = {"returncode": returncode, "stdout": stdout, "stderr": stderr}
     (folder / "launch.json").write_text(json.dumps(result))
     return Launch(folder, **result)
 
 
-def _text(output: bytes | str | None) -> str:
-    """What a killed process had printed (bytes, whatever `text=True` asked)."""
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+def finish(interrupted: bool) -> None:
+    """At the end of this process's session: wait for a launch it started, which another xdist worker may still be
+    about to read (a worker whose own tests are done ends before the others), so that no torchrun outlives pytest
+    or loses its pipes half way; an interrupted session ends it instead (SIGTERM, which torchrun passes on to its
+    workers)."""
+    if interrupted:
+        for proc in list(_running):
+            proc.terminate()
+    if _starter is not None:
+        _starter.join()
 
 
 def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
