@@ -1,7 +1,7 @@
 """Builders shared by the test files, imported by name (`from helpers import tiny_vit_recipe`): the tiny recipes
 that train in seconds on a CPU (and the inputs of the suite's torchrun launch, tests/distributed_launch.py), a fresh
-accelerate state for the next run in the same process, and the command lines run in a fresh interpreter
-(`run_tool`) or in this one (`run_tool_here`).
+accelerate state for the next run in the same process, and the command lines run in this interpreter
+(`run_tool_here`, `sweep_runs_here`).
 
 Fixtures live in conftest.py; these are plain functions because test files call them at import time and inside
 their own helpers, and a conftest.py cannot be imported reliably (pytest loads one per folder under one name).

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from distributed_worker import TRAIN_STRATEGIES
 from helpers import fsdp_recipe_file, hide_cuda, reset_accelerate
 from safetensors.torch import load_file
 from torch import nn
@@ -20,7 +21,7 @@ from zoo.evaluate import evaluate
 from zoo.train.distributed import build_accelerator, is_sharded, shard_units
 from zoo.train.loop import Trainer
 
-STRATEGIES = ("ddp", "fsdp")  # distributed_worker.TRAIN_STRATEGIES
+STRATEGIES = tuple(strategy for strategy, _ in TRAIN_STRATEGIES)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import re
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .cards import _facts, _load, beyond_noise
 from .machine import REPO_ROOT
@@ -95,13 +95,26 @@ def _gpu_images(tokens: int) -> tuple[str, str]:
     return text, f"{x:.2f}x softmax's training samples/s ({others}; {where})"
 
 
+class _Timed(NamedTuple):
+    """A variant's newest layer timing: the file, its record, and the same file's softmax record (None: that file
+    has no softmax that ran)."""
+
+    path: str
+    record: dict[str, Any]
+    softmax: dict[str, Any] | None
+
+    @property
+    def speedup(self) -> float:
+        return self.softmax["fwd_bwd_s"] / self.record["fwd_bwd_s"]
+
+
 def _layer(device: str, length: int) -> tuple[str, str]:
     """The variant with the largest speedup over softmax at `length` (beyond the noise), with its error against
     exact. Each variant's record comes from the newest file that has it, and its speedup from that file's softmax:
     two files may be two machines."""
     from zoo.attention import list_attentions
 
-    latest: dict[str, tuple[str, dict[str, Any], dict[str, Any] | None]] = {}  # variant -> file, record, softmax's
+    latest: dict[str, _Timed] = {}
     for path in LAYER_FILES[device]:
         # registered variants only (a file's `projections` row times the projections alone)
         mine = [
@@ -110,17 +123,19 @@ def _layer(device: str, length: int) -> tuple[str, str]:
             if r["length"] == length and r["variant"] in list_attentions()
         ]
         softmax = next((r for r in mine if r["variant"] == "softmax" and r["status"] == "ok"), None)
-        latest.update({r["variant"]: (path, r, softmax) for r in mine})
-    ok = {name: entry for name, entry in latest.items() if entry[1]["status"] == "ok"}
+        latest.update({r["variant"]: _Timed(path, r, softmax) for r in mine})
+    ok = {name: timed for name, timed in latest.items() if timed.record["status"] == "ok"}
     if "softmax" not in latest or not ok:
         what = "--device cuda" if device == "GPU" else "--device cpu"
         return "not measured", f"`tools/benchmark.py {what} --lengths {length}`"
     if "softmax" not in ok:
-        path, best, _ = min(ok.values(), key=lambda e: e[1]["fwd_bwd_s"])
-        why = f"softmax: {latest['softmax'][1]['status']}"
-        return f"`{best['variant']}`", f"{1000 * best['fwd_bwd_s']:.3g} ms, the fastest; {why} (`{path}`)"
-    compared = [(e[2]["fwd_bwd_s"] / e[1]["fwd_bwd_s"], e) for e in ok.values() if e[2] is not None]
-    compared.sort(key=lambda c: c[0], reverse=True)
+        fastest = min(ok.values(), key=lambda timed: timed.record["fwd_bwd_s"])
+        why = f"softmax: {latest['softmax'].record['status']}"
+        return (
+            f"`{fastest.record['variant']}`",
+            f"{1000 * fastest.record['fwd_bwd_s']:.3g} ms, the fastest; {why} (`{fastest.path}`)",
+        )
+    compared = sorted((t for t in ok.values() if t.softmax is not None), key=lambda t: t.speedup, reverse=True)
     # the error against exact at 16K, measured on the CPU
     errors = {
         r["variant"]: r.get("rel_error")
@@ -128,21 +143,19 @@ def _layer(device: str, length: int) -> tuple[str, str]:
         for r in _load(p)["records"]
         if r["length"] == 16384
     }
-    x, (path, best, base) = compared[0]
-    if best["variant"] == "softmax" or not beyond_noise(base["fwd_bwd_s"], best["fwd_bwd_s"], best, base, time=True):
-        return "`softmax`", f"nothing faster by more than {MARGIN_TEXT} (`{ok['softmax'][0]}`)"
-    exactish = [c for c in compared if (errors.get(c[1][1]["variant"]) or 1.0) <= 0.1]
+    best = compared[0]
+    name, seconds = best.record["variant"], best.record["fwd_bwd_s"]
+    if name == "softmax" or not beyond_noise(best.softmax["fwd_bwd_s"], seconds, best.record, best.softmax, time=True):
+        return "`softmax`", f"nothing faster by more than {MARGIN_TEXT} (`{ok['softmax'].path}`)"
+    exactish = [t for t in compared if (errors.get(t.record["variant"]) or 1.0) <= 0.1]
     tail = ""
-    if exactish and exactish[0][1][1] is not best:
-        e_x, (_, e, e_base) = exactish[0]
-        if beyond_noise(e_base["fwd_bwd_s"], e["fwd_bwd_s"], time=True):
-            tail = f"; the fastest within 0.1 of exact: `{e['variant']}` {e_x:.1f}x"
-    error = errors.get(best["variant"])
+    if exactish and exactish[0] is not best:
+        e = exactish[0]
+        if beyond_noise(e.softmax["fwd_bwd_s"], e.record["fwd_bwd_s"], time=True):
+            tail = f"; the fastest within 0.1 of exact: `{e.record['variant']}` {e.speedup:.1f}x"
+    error = errors.get(name)
     shown = f", error vs exact {error:.2g} at 16K" if error is not None else ""
-    return (
-        f"`{best['variant']}`",
-        f"{x:.1f}x softmax ({1000 * best['fwd_bwd_s']:.3g} ms{shown}){tail} (`{path}`)",
-    )
+    return f"`{name}`", f"{best.speedup:.1f}x softmax ({1000 * seconds:.3g} ms{shown}){tail} (`{best.path}`)"
 
 
 def _cpu_images() -> dict[str, tuple[str, str]]:
