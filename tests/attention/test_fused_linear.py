@@ -18,6 +18,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
 # The variants and options whose non-causal mode the fused kernels compute: every feature map they hold.
+# `performer` and `hedgehog-wide` hold their features in chunks (`CHUNKED`), as 256 random features and hedgehog's
+# 2 x 64 are by default; the others, and every case of `test_bf16_products_stay_close_to_fp32`, whole.
 FUSED = {
     "linear": ("linear", {}),
     "performer": ("performer", {"nb_features": 24}),
@@ -25,6 +27,16 @@ FUSED = {
     "hedgehog": ("hedgehog", {"feature_dim": 8}),
     "hedgehog-wide": ("hedgehog", {"feature_dim": 24}),
 }
+
+
+# Chunks of 16 feature columns: performer's 24 features in a full and a ragged chunk, hedgehog-wide's halves of 24
+# (`hedgehog`'s 2 x 8 fit one chunk of 16, and stay whole).
+CHUNKED = "favor=64:4::16,hedgehog=64:4::16"
+
+
+@pytest.fixture(autouse=True)
+def chunked_features(monkeypatch):
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", CHUNKED)
 
 
 def torch_path(name: str, options: dict) -> dict:
@@ -93,8 +105,10 @@ def test_fused_kernels_split_the_sequence_over_programs(case):
     reference = builders.make(name, 16, 1, **torch_path(name, options))
     reference.load_state_dict(module.state_dict())
     x = builders.tokens(1, 300, 16)
-    plan = fused._Plan(torch.empty(1, 1, 300, 16, device=DEVICE), torch.empty(1, 1, 300, 16), 16, 0, 0.0)
+    heads = torch.empty(1, 1, 300, 16, device=DEVICE)
+    plan = fused._Plan(heads, heads, 16, 0, 0.0)
     assert plan.splits > 1 and plan.tiles > 1
+    assert fused._Plan(heads, heads, 24, fused.Feature.FAVOR, 0.0).chunks == 2  # performer's, chunk by chunk
     for got, want in zip(run(module, x), run(reference, x, device="cpu", force=False), strict=True):
         assert relative(got, want) < 1e-5
 
@@ -203,7 +217,31 @@ def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
     half = q.to(torch.bfloat16)
     assert fused._Plan(half, half, 16, fused.Feature.FAVOR, 0.0).prec == "bf16"
     assert fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).prec == "ieee"  # fp32 inputs keep exact products
-    for bad in ("favor=64", "favor=32:8:fp8", "favor=a:b"):
+    for bad in ("favor=64", "favor=32:8:fp8", "favor=a:b", "favor=64:4::24", "favor=64:4::8", "favor=64:4:::"):
         monkeypatch.setenv("ZOO_FUSED_CONFIG", bad)
         with pytest.raises(ValueError, match=f"'{bad}' is not rows:warps"):
             fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0)
+
+
+@pytest.mark.parametrize(
+    "feature, features, config, expected",
+    [
+        # (chunks, columns a chunk holds, first column of chunk 1, real columns a chunk)
+        (fused.Feature.FAVOR, 256, "", (4, 64, 64, 64)),
+        (fused.Feature.FAVOR, 256, "favor=32:8::0", (1, 256, 256, 256)),
+        (fused.Feature.FAVOR, 200, "favor=32:8::128", (2, 128, 128, 128)),
+        (fused.Feature.FAVOR, 64, "", (1, 64, 64, 64)),
+        (fused.Feature.RELU, 96, "", (2, 64, 64, 64)),
+        (fused.Feature.HEDGEHOG, 128, "", (2, 64, 64, 64)),
+        (fused.Feature.HEDGEHOG, 96, "hedgehog=64:4::16", (2, 64, 48, 48)),
+        (fused.Feature.HEDGEHOG, 64, "", (1, 64, 64, 64)),
+        (fused.Feature.ELU, 128, "elu=64:4::16", (1, 128, 128, 128)),
+    ],
+)
+def test_features_past_64_columns_are_held_in_chunks(feature, features, config, expected, monkeypatch):
+    """By default 64 feature columns at a time (the state tile that fits the registers), hedgehog by its halves (one
+    softmax each), linear's elu + 1 whole (its features are q's and k's own columns); `ZOO_FUSED_CONFIG` sets it."""
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", config)
+    q = torch.empty(1, 1, 100, 128 if feature == fused.Feature.ELU else 64)
+    plan = fused._Plan(q, q[..., :64], features, feature, 0.0)
+    assert (plan.chunks, plan.block_c, plan.chunk_stride, plan.chunk_width) == expected

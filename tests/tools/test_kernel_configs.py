@@ -11,7 +11,7 @@ from zoo_bench import kernel_configs
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs the kernels compiled, not interpreted")
 def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4"))
+    monkeypatch.setattr(kernel_configs, "CONFIGS", ("16:4", "32:4::16"))
     # two feature maps (one with a projection) at toy sizes: the interpreter is slow
     features = {"linear": ("linear", {}, "elu"), "hedgehog": ("hedgehog", {"feature_dim": 8}, "hedgehog")}
     monkeypatch.setattr(kernel_configs, "FEATURES", features)
@@ -21,16 +21,19 @@ def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkey
     results = json.loads((tmp_path / "kernel_configs.json").read_text())
     for name, (_, _, feature) in kernel_configs.FEATURES.items():
         timings = results["configs"][name]
-        assert set(timings) == {"16:4", "32:4"}
+        assert set(timings) == {"16:4", "32:4::16"}
         fastest = min(timings, key=lambda c: timings[c]["vit_s_1024"] + timings[c]["64k"] / 4)
         assert results["best"][feature] == fastest
         monkeypatch.setenv("ZOO_FUSED_CONFIG", results["env"])
-        rows, warps = (int(part) for part in fastest.split(":"))
-        assert _config_override(Feature[feature.upper()]) == (rows, warps, None)
+        expected = {"16:4": (16, 4, None, None), "32:4::16": (32, 4, None, 16)}[fastest]
+        assert _config_override(Feature[feature.upper()]) == expected
     assert "Chosen: `ZOO_FUSED_CONFIG=" in (tmp_path / "kernel_configs.md").read_text()
-    # a line after each map: a lease that stops the sweep at its limit exports the maps that finished
+    # a line after each configuration: a lease that stops the sweep at its limit exports the best timed so far
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ZOO_FUSED_CONFIG=")]
+    elu, hedgehog = results["best"]["elu"], results["best"]["hedgehog"]
     assert printed == [
-        f"ZOO_FUSED_CONFIG=elu={results['best']['elu']}",
-        f"ZOO_FUSED_CONFIG=elu={results['best']['elu']},hedgehog={results['best']['hedgehog']}",
+        "ZOO_FUSED_CONFIG=elu=16:4",
+        f"ZOO_FUSED_CONFIG=elu={elu}",
+        f"ZOO_FUSED_CONFIG=elu={elu},hedgehog=16:4",
+        f"ZOO_FUSED_CONFIG=elu={elu},hedgehog={hedgehog}",
     ]

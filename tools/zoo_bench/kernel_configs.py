@@ -2,10 +2,11 @@
 
 `python -m zoo_bench.kernel_configs --out DIR` times forward + backward of one attention layer (projections
 included, bf16 autocast, the shapes the 1024-px recipes and the 64K sweep use) for every feature map under each
-`rows:warps` configuration, with SDPA beside it, and writes `kernel_configs.json` / `.md` with the fastest
-configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them, for a lease script to export
-before the device check. Both are rewritten, and the line printed again, after each feature map, so that a sweep
-stopped at its time limit still chooses for the maps it finished (the others keep the kernels' own block sizes).
+`rows:warps[:dot[:chunk]]` configuration, with SDPA beside it, and writes `kernel_configs.json` / `.md` with the
+fastest configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them, for a lease script to
+export before the device check. Both are rewritten, and the line printed again, after each configuration, so that a
+sweep stopped at its time limit still chooses among those it timed (maps not reached keep the kernels' own block
+sizes).
 Performer's map goes first: its 256 features are the furthest from the others' default tiles.
 """
 
@@ -29,7 +30,9 @@ FEATURES = {
     "hedgehog": ("hedgehog", {"feature_dim": 64}, "hedgehog"),
     "linear": ("linear", {}, "elu"),
 }
-CONFIGS = ("32:4", "64:4", "64:8", "32:8", "32:8:bf16", "64:4:bf16")
+# rows:warps[:dot[:chunk]] (`_fused_linear._config_override`), the kernels' own first; `::0` holds all features at
+# once (performer's 256, hedgehog's 2 x 64: the layout of the first H200 runs), linear's elu + 1 always
+CONFIGS = ("64:4", "32:8::0", "64:4:bf16", "64:8", "32:4", "32:8:bf16:0")
 # (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
 SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
 # The CPU rehearsal (Triton's interpreter): the same shapes' roles at toy sizes
@@ -75,12 +78,12 @@ def sweep(device: str = "cuda", repeats: int = 10, names: tuple[str, ...] = (), 
         rows = results["configs"].setdefault(name, {})
         for config in CONFIGS:
             rows[config] = _time_config(config, variant, options, shapes, device, repeats)
-        timed = {c: r for c, r in rows.items() if "error" not in r}
-        if timed:
-            results["best"][feature] = min(timed, key=lambda c: timed[c]["vit_s_1024"] + timed[c]["64k"] / 4)
-        results["env"] = ",".join(f"{feature}={config}" for feature, config in results["best"].items())
-        if out is not None:
-            write(results, out)
+            timed = {c: r for c, r in rows.items() if "error" not in r}
+            if timed:
+                results["best"][feature] = min(timed, key=lambda c: timed[c]["vit_s_1024"] + timed[c]["64k"] / 4)
+            results["env"] = ",".join(f"{feature}={config}" for feature, config in results["best"].items())
+            if out is not None:
+                write(results, out)
     return results
 
 
@@ -110,7 +113,7 @@ def markdown(results: dict) -> str:
         "",
         f"Forward + backward of one layer on {results['device']}, bf16, ms (median); SDPA: {results['sdpa_ms']}.",
         "",
-        "| variant | rows:warps | " + " | ".join(SHAPES) + " |",
+        "| variant | rows:warps[:dot[:chunk]] | " + " | ".join(SHAPES) + " |",
         "|---|---|" + "---|" * len(SHAPES),
     ]
     for name, rows in results["configs"].items():

@@ -11,6 +11,12 @@ features never reach memory, in forward or backward. Saved for backward: q, k, v
 `[r, e]` state with the key sum where they are no larger than SDPA's log-sum-exp (`saves_state`; else the
 backward recomputes them from k and v): never more than SDPA keeps.
 
+Features past 64 columns are held 64 at a time (hedgehog's by halves, one softmax each): the state kernel and the
+gradient sums take one chunk a program, the query and key kernels loop over the chunks, and FAVOR's query
+stabiliser (the max over all features) is carried across chunks as online softmax carries its max. Whole, 256
+random features asked for 256 KB of shared memory per program in the key backward on triton 3.8 (an H100 or H200
+has 227 KB); in chunks, 128 KB (`zoo_bench.kernel_resources` compiles them for sm_90 without a GPU).
+
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
 registered, so `torch.compile` sees one opaque node and no graph break. Reductions over the sequence (the state,
@@ -27,7 +33,8 @@ Feature maps (`Feature`), x being a query or key row `[d]`, P the projection `[d
     HEDGEHOG  phi = [softmax(x W), softmax(-x W)], P = [W, -W] per head     (r = 2 f)
 Padded keys get phi = 0.
 
-Letter legend: b - batch, h - heads, n - length, d - head dim, e - value dim, r - features, w - rows in a tile.
+Letter legend: b - batch, h - heads, n - length, d - head dim, e - value dim, r - features, c - features in a chunk,
+w - rows in a tile.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import enum
 import functools
 import math
 import os
+import typing
 from collections.abc import Iterator
 
 import torch
@@ -116,74 +124,77 @@ if triton is not None:
             return tl.dot(a, b, input_precision=PREC)
 
     @triton.jit
-    def _phi(
-        x,
-        proj,
-        rows_ok,
-        cols_r,
-        r,
-        offset,
-        hsq_scale,
-        floor,
-        log_half_r,
-        KIND: tl.constexpr,
-        IS_KEY: tl.constexpr,
-        PREC: tl.constexpr,
-    ):
-        """Features of a tile: x `[w, D]` fp32 -> (phi `[w, R]`, pre `[w, R]`: x P, or x itself for ELU), zero
-        outside `rows_ok` `[w]` and past column r. `offset`: FAVOR's key offset (a scalar; unused for queries)."""
-        cols_ok = cols_r < r
-        if KIND == 0:
-            pre = x
-            phi = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
-        else:
-            pre = _dot(x, proj, PREC)
-            if KIND == 1:
-                half_sq = tl.sum(x * x, 1) * hsq_scale
-                if IS_KEY:
-                    shift = half_sq + offset
-                else:
-                    shift = half_sq + tl.max(tl.where(cols_ok[None, :], pre, float("-inf")), 1)
-                phi = tl.exp(pre - (shift + log_half_r)[:, None]) + floor
-            elif KIND == 2:
-                phi = tl.maximum(pre, 0.0) * tl.exp(-log_half_r) + floor
-            else:
-                # softmax over the first half of the columns, and over the second
-                first = (cols_r < r // 2)[None, :]
-                top_a = tl.max(tl.where(first & cols_ok[None, :], pre, float("-inf")), 1)
-                top_b = tl.max(tl.where(~first & cols_ok[None, :], pre, float("-inf")), 1)
-                e = tl.where(cols_ok[None, :], tl.exp(pre - tl.where(first, top_a[:, None], top_b[:, None])), 0.0)
-                sum_a = tl.sum(tl.where(first, e, 0.0), 1)
-                sum_b = tl.sum(tl.where(first, 0.0, e), 1)
-                phi = e / tl.where(first, sum_a[:, None], sum_b[:, None])
-        phi = tl.where(rows_ok[:, None] & cols_ok[None, :], phi, 0.0)
-        return phi, pre
+    def _chunk(c, cols_c, stride, width, r):
+        """Chunk c of the features: their indices `[C]` (rows of S, columns of P) and which of them exist."""
+        feats = c * stride + cols_c
+        return feats, (cols_c < width) & (feats < r)
 
     @triton.jit
-    def _phi_backward(
-        x, proj, phi, pre, grad_phi, cols_r, r, hsq_scale, floor, log_half_r, KIND: tl.constexpr, PREC: tl.constexpr
-    ):
-        """Through the feature map of a tile: -> (dx `[w, D]`, d pre `[w, R]`). grad_phi must be zero wherever
-        `_phi` forced phi to zero (rows not kept, columns past r)."""
+    def _pre(x, proj, KIND: tl.constexpr, PREC: tl.constexpr):
+        """A tile's pre-activations `[w, C]`: x P, or x itself for ELU (whose features are x's columns)."""
+        if KIND == 0:
+            return x
+        else:
+            return _dot(x, proj, PREC)
+
+    @triton.jit
+    def _row_max(pre, feats_ok):
+        """FAVOR's query stabiliser over one chunk: each row's max of x P over the chunk's features, `[w]`."""
+        return tl.max(tl.where(feats_ok[None, :], pre, float("-inf")), 1)
+
+    @triton.jit
+    def _phi(x, pre, rows_ok, feats, feats_ok, r, offset, hsq_scale, floor, log_half_r, KIND: tl.constexpr):
+        """A chunk of a tile's features from its pre-activations `[w, C]`, zero outside `rows_ok` `[w]` and
+        `feats_ok` `[C]`. offset: FAVOR's stabiliser, the key offset (a scalar) or the query rows' max of x P over
+        all features `[w]`. A HEDGEHOG chunk holds whole halves (its softmaxes)."""
+        if KIND == 0:
+            phi = tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+        elif KIND == 1:
+            phi = tl.exp(pre - (tl.sum(x * x, 1) * hsq_scale + offset + log_half_r)[:, None]) + floor
+        elif KIND == 2:
+            phi = tl.maximum(pre, 0.0) * tl.exp(-log_half_r) + floor
+        else:
+            # softmax over the first half of the features, and over the second
+            first = (feats < r // 2)[None, :]
+            ok = feats_ok[None, :]
+            top_a = tl.max(tl.where(first & ok, pre, float("-inf")), 1)
+            top_b = tl.max(tl.where(~first & ok, pre, float("-inf")), 1)
+            e = tl.where(ok, tl.exp(pre - tl.where(first, top_a[:, None], top_b[:, None])), 0.0)
+            sum_a = tl.sum(tl.where(first, e, 0.0), 1)
+            sum_b = tl.sum(tl.where(first, 0.0, e), 1)
+            # a real half's sum is at least 1 (its max term); the floor keeps a chunk's absent half at 0 / 1
+            phi = e / tl.maximum(tl.where(first, sum_a[:, None], sum_b[:, None]), 1.0)
+        return tl.where(rows_ok[:, None] & feats_ok[None, :], phi, 0.0)
+
+    @triton.jit
+    def _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND: tl.constexpr):
+        """Through the feature map of a chunk: d phi `[w, C]` -> d pre `[w, C]`. grad_phi must be zero wherever
+        `_phi` forced phi to zero (rows not kept, features past r)."""
         if KIND == 0:
             grad_pre = grad_phi * tl.minimum(phi, 1.0)
+        elif KIND == 1:
+            # the offsets carry no gradient; d exp(u) = exp(u) = phi - floor
+            grad_pre = tl.where(phi > 0, grad_phi * (phi - floor), 0.0)
+        elif KIND == 2:
+            grad_pre = tl.where(pre > 0, grad_phi * tl.exp(-log_half_r), 0.0)
+        else:
+            first = (feats < r // 2)[None, :]
+            weighted = grad_phi * phi
+            dot_a = tl.sum(tl.where(first, weighted, 0.0), 1)
+            dot_b = tl.sum(tl.where(first, 0.0, weighted), 1)
+            grad_pre = weighted - phi * tl.where(first, dot_a[:, None], dot_b[:, None])
+        return grad_pre
+
+    @triton.jit
+    def _x_grad(x, proj, grad_pre, hsq_scale, KIND: tl.constexpr, PREC: tl.constexpr):
+        """One chunk's share of dx `[w, D]` from its d pre: the chunks' shares add up to dx."""
+        if KIND == 0:
             grad_x = grad_pre
         else:
-            if KIND == 1:
-                # the offsets carry no gradient; d exp(u) = exp(u) = phi - floor
-                grad_pre = tl.where(phi > 0, grad_phi * (phi - floor), 0.0)
-            elif KIND == 2:
-                grad_pre = tl.where(pre > 0, grad_phi * tl.exp(-log_half_r), 0.0)
-            else:
-                first = (cols_r < r // 2)[None, :]
-                weighted = grad_phi * phi
-                dot_a = tl.sum(tl.where(first, weighted, 0.0), 1)
-                dot_b = tl.sum(tl.where(first, 0.0, weighted), 1)
-                grad_pre = weighted - phi * tl.where(first, dot_a[:, None], dot_b[:, None])
             grad_x = _dot(grad_pre, tl.trans(proj), PREC)
             if KIND == 1:
                 grad_x = grad_x - (tl.sum(grad_pre, 1) * (2.0 * hsq_scale))[:, None] * x
-        return grad_x, grad_pre
+        return grad_x
 
     @triton.jit
     def _load_rows(ptr, b, h, stride_b, stride_h, stride_n, rows, cols, n, width):
@@ -199,17 +210,17 @@ if triton is not None:
         tl.store(base + rows[:, None].to(tl.int64) * stride_n + cols[None, :], value.to(ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _load_proj(ptr, h, stride_h, stride_d, stride_r, cols_d, cols_r, d, r, scale, KIND: tl.constexpr):
-        """The `[D, R]` projection of head h times `scale` (stride_h 0: one shared by every head), fp32, zero
-        outside; HEDGEHOG's `[W, -W]` from W `[d, r / 2]`; ELU has none (zeros, never read)."""
+    def _load_proj(ptr, h, stride_h, stride_d, stride_r, cols_d, feats, feats_ok, d, r, scale, KIND: tl.constexpr):
+        """The `[D, C]` columns `feats` of head h's projection times `scale` (stride_h 0: one shared by every head),
+        fp32, zero outside; HEDGEHOG's `[W, -W]` from W `[d, r / 2]`; ELU has none (zeros, never read)."""
         if KIND == 3:
-            first = cols_r < r // 2
-            cols = tl.where(first, cols_r, cols_r - r // 2)
+            first = feats < r // 2
+            cols = tl.where(first, feats, feats - r // 2)
             sign = tl.where(first, scale, -scale)
         else:
-            cols = cols_r
-            sign = (cols_r * 0).to(tl.float32) + scale
-        ok = (cols_d < d)[:, None] & (cols_r < r)[None, :] & (KIND != 0)
+            cols = feats
+            sign = (feats * 0).to(tl.float32) + scale
+        ok = (cols_d < d)[:, None] & feats_ok[None, :] & (KIND != 0)
         offsets = h * stride_h + cols_d[:, None] * stride_d + cols[None, :] * stride_r
         return tl.load(ptr + offsets, mask=ok, other=0.0).to(tl.float32) * sign[None, :]
 
@@ -221,39 +232,25 @@ if triton is not None:
         return ok
 
     @triton.jit
-    def _key_max_kernel(
-        K, sk_b, sk_h, sk_n, P, sp_h, sp_d, sp_r, KEEP, KEY_MAX,
-        heads, n, d, r, tiles, proj_scale,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_MASK: tl.constexpr,
-        PREC: tl.constexpr,
-    ):  # fmt: skip
-        """FAVOR's key offset: the max of k P over the kept keys of each (sample, head), `[b h]`, by atomic max."""
-        bh, split = tl.program_id(0), tl.program_id(1)
-        b, h = bh // heads, bh % heads
-        cols_d, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, 1)
-        best = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        for tile in range(tiles):
-            rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
-            x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
-            pre = _dot(x, proj, PREC)
-            ok = _kept_rows(KEEP, b, rows, n, HAS_MASK)[:, None] & (cols_r < r)[None, :]
-            best = tl.maximum(best, tl.max(tl.where(ok, pre, float("-inf")), 1))
-        tl.atomic_max(KEY_MAX + bh, tl.max(best, 0))
+    def _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e):
+        """Rows `feats` of the `[b h, r, e]` state (or its gradient) and of the `[b h, r]` key sum: `[C, E]`, `[C]`."""
+        ok = feats_ok[:, None] & (cols_e < e)[None, :]
+        state = tl.load(S + bh.to(tl.int64) * r * e + feats[:, None] * e + cols_e[None, :], mask=ok, other=0.0)
+        return state, tl.load(Z + bh.to(tl.int64) * r + feats, mask=feats_ok, other=0.0)
 
     @triton.jit
-    def _add_state(S, Z, bh, state, total, cols_r, cols_e, r, e):
-        """Atomically add a program's `[R, E]` state (or its gradient) and `[R]` key sum into `[b h, r, e]` and
-        `[b h, r]`."""
-        ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
-        tl.atomic_add(S + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], state, mask=ok)
-        tl.atomic_add(Z + bh.to(tl.int64) * r + cols_r, total, mask=cols_r < r)
+    def _add_state(S, Z, bh, state, total, feats, feats_ok, cols_e, r, e):
+        """Atomically add a program's `[C, E]` state (or its gradient) and `[C]` key sum into rows `feats` of
+        `[b h, r, e]` and `[b h, r]`."""
+        ok = feats_ok[:, None] & (cols_e < e)[None, :]
+        tl.atomic_add(S + bh.to(tl.int64) * r * e + feats[:, None] * e + cols_e[None, :], state, mask=ok)
+        tl.atomic_add(Z + bh.to(tl.int64) * r + feats, total, mask=feats_ok)
 
     @triton.jit
-    def _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r):
-        """Atomically add a program's `[D, R]` gradient of head h's map into `[h, d, r]`."""
-        ok = (cols_d < d)[:, None] & (cols_r < r)[None, :]
-        tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + cols_r[None, :], grad_proj, mask=ok)
+    def _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r):
+        """Atomically add a program's `[D, C]` gradient of head h's map into columns `feats` of `[h, d, r]`."""
+        ok = (cols_d < d)[:, None] & feats_ok[None, :]
+        tl.atomic_add(DP + h * d * r + cols_d[:, None] * r + feats[None, :], grad_proj, mask=ok)
 
     @triton.jit
     def _key_offset(KEY_MAX, bh, KIND: tl.constexpr):
@@ -264,130 +261,295 @@ if triton is not None:
         return offset
 
     @triton.jit
+    def _key_max_kernel(
+        K, sk_b, sk_h, sk_n, P, sp_h, sp_d, sp_r, KEEP, KEY_MAX,
+        heads, n, d, r, chunk_stride, chunk_width, tiles, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr, HAS_MASK: tl.constexpr,
+        PREC: tl.constexpr,
+    ):  # fmt: skip
+        """FAVOR's key offset: the max of k P over the kept keys of each (sample, head), `[b h]`, by atomic max;
+        one chunk of the features a program."""
+        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b, h = bh // heads, bh % heads
+        cols_d = tl.arange(0, BLOCK_D)
+        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
+        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, 1)
+        best = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        for tile in range(tiles):
+            rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
+            x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
+            pre = _dot(x, proj, PREC)
+            ok = _kept_rows(KEEP, b, rows, n, HAS_MASK)[:, None] & feats_ok[None, :]
+            best = tl.maximum(best, tl.max(tl.where(ok, pre, float("-inf")), 1))
+        tl.atomic_max(KEY_MAX + bh, tl.max(best, 0))
+
+    @triton.jit
     def _state_kernel(
         K, sk_b, sk_h, sk_n, V, sv_b, sv_h, sv_n, P, sp_h, sp_d, sp_r, KEEP, KEY_MAX, S, Z,
-        heads, n, d, e, r, tiles, hsq_scale, floor, log_half_r, proj_scale,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
-        KIND: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+        heads, n, d, e, r, chunk_stride, chunk_width, tiles, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr, KIND: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
-        """S `[b h, r, e]` += phi(k)^T v and z `[b h, r]` += phi(k)^T 1 over this program's tiles of keys."""
-        bh, split = tl.program_id(0), tl.program_id(1)
+        """S `[b h, r, e]` += phi(k)^T v and z `[b h, r]` += phi(k)^T 1 over this program's tiles of keys, for
+        its chunk of the features."""
+        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, h = bh // heads, bh % heads
-        cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
+        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
+        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
         offset = _key_offset(KEY_MAX, bh, KIND)
-        state = tl.zeros([BLOCK_R, BLOCK_E], tl.float32)
-        total = tl.zeros([BLOCK_R], tl.float32)
+        state = tl.zeros([BLOCK_C, BLOCK_E], tl.float32)
+        total = tl.zeros([BLOCK_C], tl.float32)
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
             x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
             values = _load_rows(V, b, h, sv_b, sv_h, sv_n, rows, cols_e, n, e)
             kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
-            phi, _ = _phi(x, proj, kept, cols_r, r, offset, hsq_scale, floor, log_half_r, KIND, True, PREC)
+            pre = _pre(x, proj, KIND, PREC)
+            phi = _phi(x, pre, kept, feats, feats_ok, r, offset, hsq_scale, floor, log_half_r, KIND)
             state += _dot(tl.trans(phi), values, PREC)
             total += tl.sum(phi, 0)
-        _add_state(S, Z, bh, state, total, cols_r, cols_e, r, e)
+        _add_state(S, Z, bh, state, total, feats, feats_ok, cols_e, r, e)
 
     @triton.jit
-    def _load_state(S, Z, bh, cols_r, cols_e, r, e):
-        ok = (cols_r < r)[:, None] & (cols_e < e)[None, :]
-        state = tl.load(S + bh.to(tl.int64) * r * e + cols_r[:, None] * e + cols_e[None, :], mask=ok, other=0.0)
-        return state, tl.load(Z + bh.to(tl.int64) * r + cols_r, mask=cols_r < r, other=0.0)
+    def _query_sums(
+        x, rows_ok, P, h, sp_h, sp_d, sp_r, S, Z, bh, cols_d, cols_c, cols_e,
+        d, e, r, chunk_stride, chunk_width, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, CHUNKS: tl.constexpr, KIND: tl.constexpr,
+        WITH_NUM: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """A tile of queries x `[w, D]` against the state, chunk by chunk: the numerator phi(q) S `[w, E]` (zero
+        unless WITH_NUM), the normaliser phi(q) z `[w]` and FAVOR's stabiliser, each row's max of x P `[w]`.
+        FAVOR's stabiliser is the max over all chunks, so its sums are rescaled as the max grows (online softmax's
+        way) and its feature floor is added at the end: `phi S = exp(-|x|^2 / 2 sqrt(d) - log(r) / 2)
+        sum_c exp(x P_c - max) S_c + floor sum_c S_c`."""
+        num = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
+        den = tl.zeros([BLOCK_N], tl.float32)
+        top = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        floor_num = tl.zeros([BLOCK_E], tl.float32)
+        floor_den = tl.sum(tl.zeros([BLOCK_E], tl.float32), 0)
+        for chunk in range(CHUNKS):
+            feats, feats_ok = _chunk(chunk, cols_c, chunk_stride, chunk_width, r)
+            proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+            state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
+            pre = _pre(x, proj, KIND, PREC)
+            if KIND == 1:
+                new_top = tl.maximum(top, _row_max(pre, feats_ok))
+                rescale = tl.exp(top - new_top)
+                p = tl.where(feats_ok[None, :], tl.exp(pre - new_top[:, None]), 0.0)
+                if WITH_NUM:
+                    num = num * rescale[:, None] + _dot(p, state, PREC)
+                den = den * rescale + tl.sum(p * total[None, :], 1)
+                floor_num += tl.sum(state, 0)
+                floor_den += tl.sum(total, 0)
+                top = new_top
+            else:
+                phi = _phi(x, pre, rows_ok, feats, feats_ok, r, 0.0, hsq_scale, floor, log_half_r, KIND)
+                if WITH_NUM:
+                    num += _dot(phi, state, PREC)
+                den += tl.sum(phi * total[None, :], 1)
+        if KIND == 1:
+            scale = tl.exp(-(tl.sum(x * x, 1) * hsq_scale + log_half_r))
+            num = num * scale[:, None] + floor * floor_num[None, :]
+            den = den * scale + floor * floor_den
+        return num, den, top
 
     @triton.jit
     def _output_kernel(
         Q, sq_b, sq_h, sq_n, P, sp_h, sp_d, sp_r, S, Z, OUT, so_b, so_h, so_n,
-        heads, n, d, e, r, hsq_scale, floor, log_half_r, proj_scale,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
-        KIND: tl.constexpr, PREC: tl.constexpr,
+        heads, n, d, e, r, chunk_stride, chunk_width, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr, KIND: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         """O = phi(q) S / max(phi(q) z, eps) for one tile of queries."""
         bh, tile = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
-        cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
+        cols_d, cols_e, cols_c = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_C)
         rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
-        state, total = _load_state(S, Z, bh, cols_r, cols_e, r, e)
         x = _load_rows(Q, b, h, sq_b, sq_h, sq_n, rows, cols_d, n, d)
-        phi, _ = _phi(x, proj, rows < n, cols_r, r, 0.0, hsq_scale, floor, log_half_r, KIND, False, PREC)
-        den = tl.maximum(tl.sum(phi * total[None, :], 1), 1e-12)
-        out = _dot(phi, state, PREC) / den[:, None]
-        _store_rows(OUT, out, b, h, so_b, so_h, so_n, rows, cols_e, n, e)
+        num, den, _ = _query_sums(x, rows < n, P, h, sp_h, sp_d, sp_r, S, Z, bh, cols_d, cols_c, cols_e, d, e, r,
+                                  chunk_stride, chunk_width, hsq_scale, floor, log_half_r, proj_scale, BLOCK_N,
+                                  BLOCK_E, CHUNKS, KIND, True, PREC)  # fmt: skip
+        _store_rows(OUT, num / tl.maximum(den, 1e-12)[:, None], b, h, so_b, so_h, so_n, rows, cols_e, n, e)
 
     @triton.jit
     def _query_backward_kernel(
         Q, sq_b, sq_h, sq_n, P, sp_h, sp_d, sp_r, S, Z, OUT, so_b, so_h, so_n, DO, sdo_b, sdo_h, sdo_n,
-        DQ, sdq_b, sdq_h, sdq_n, DS, DZ, DP,
-        heads, n, d, e, r, tiles, hsq_scale, floor, log_half_r, proj_scale,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
-        KIND: tl.constexpr, LEARNED: tl.constexpr, PREC: tl.constexpr,
+        DQ, sdq_b, sdq_h, sdq_n, DS, DZ, DP, ROW_DEN, ROW_GRAD_DEN, ROW_TOP,
+        heads, n, d, e, r, chunk_stride, chunk_width, tiles, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr, KIND: tl.constexpr, LEARNED: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
-        """dq, and dS `[b h, r, e]`, dz `[b h, r]` (and the map's gradient `[h, D, R]`) summed over the queries."""
+        """dq over this program's tiles of queries. With one chunk, also dS `[b h, r, e]`, dz `[b h, r]` (and the
+        map's gradient `[h, D, R]`) summed over them; with several, each row's normaliser, its gradient and FAVOR's
+        stabiliser `[b h, n]` for `_query_state_grad_kernel`, which sums those chunk by chunk."""
         bh, split = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
-        cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
-        grad_state = tl.zeros([BLOCK_R, BLOCK_E], tl.float32)
-        grad_total = tl.zeros([BLOCK_R], tl.float32)
-        grad_proj = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
+        cols_d, cols_e, cols_c = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_C)
+        grad_state = tl.zeros([BLOCK_C, BLOCK_E], tl.float32)
+        grad_total = tl.zeros([BLOCK_C], tl.float32)
+        grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
-            state, total = _load_state(S, Z, bh, cols_r, cols_e, r, e)
+            rows_ok = rows < n
             x = _load_rows(Q, b, h, sq_b, sq_h, sq_n, rows, cols_d, n, d)
-            phi, pre = _phi(x, proj, rows < n, cols_r, r, 0.0, hsq_scale, floor, log_half_r, KIND, False, PREC)
-            den = tl.sum(phi * total[None, :], 1)
+            if CHUNKS == 1:
+                # the features once, for the normaliser and every gradient
+                feats, feats_ok = _chunk(0, cols_c, chunk_stride, chunk_width, r)
+                proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+                state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
+                pre = _pre(x, proj, KIND, PREC)
+                top = _row_max(pre, feats_ok)
+                phi = _phi(x, pre, rows_ok, feats, feats_ok, r, top, hsq_scale, floor, log_half_r, KIND)
+                den = tl.sum(phi * total[None, :], 1)
+            else:
+                _, den, top = _query_sums(x, rows_ok, P, h, sp_h, sp_d, sp_r, S, Z, bh, cols_d, cols_c, cols_e,
+                                          d, e, r, chunk_stride, chunk_width, hsq_scale, floor, log_half_r,
+                                          proj_scale, BLOCK_N, BLOCK_E, CHUNKS, KIND, False, PREC)  # fmt: skip
             safe_den = tl.maximum(den, 1e-12)
             out = _load_rows(OUT, b, h, so_b, so_h, so_n, rows, cols_e, n, e)
             grad_out = _load_rows(DO, b, h, sdo_b, sdo_h, sdo_n, rows, cols_e, n, e)
             # out = num / max(den, eps): d num = g / den, d den = -(g . out) / den (zero where den < eps)
             grad_num = grad_out / safe_den[:, None]
             grad_den = tl.where(den < 1e-12, 0.0, -tl.sum(grad_out * out, 1) / safe_den)
-            grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
-            grad_phi = tl.where((rows < n)[:, None] & (cols_r < r)[None, :], grad_phi, 0.0)
+            grad_x = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+            for chunk in range(CHUNKS):
+                if CHUNKS > 1:
+                    feats, feats_ok = _chunk(chunk, cols_c, chunk_stride, chunk_width, r)
+                    proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+                    state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
+                    pre = _pre(x, proj, KIND, PREC)
+                    phi = _phi(x, pre, rows_ok, feats, feats_ok, r, top, hsq_scale, floor, log_half_r, KIND)
+                grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
+                grad_phi = tl.where(rows_ok[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_pre = _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND)
+                grad_x += _x_grad(x, proj, grad_pre, hsq_scale, KIND, PREC)
+                if CHUNKS == 1:
+                    grad_state += _dot(tl.trans(phi), grad_num, PREC)
+                    grad_total += tl.sum(phi * grad_den[:, None], 0)
+                    if LEARNED:
+                        grad_proj += _dot(tl.trans(x), grad_pre, PREC)
+            _store_rows(DQ, grad_x, b, h, sdq_b, sdq_h, sdq_n, rows, cols_d, n, d)
+            if CHUNKS > 1:
+                at = bh.to(tl.int64) * n + rows
+                tl.store(ROW_DEN + at, safe_den, mask=rows_ok)
+                tl.store(ROW_GRAD_DEN + at, grad_den, mask=rows_ok)
+                tl.store(ROW_TOP + at, top, mask=rows_ok)
+        if CHUNKS == 1:
+            feats, feats_ok = _chunk(0, cols_c, chunk_stride, chunk_width, r)
+            _add_state(DS, DZ, bh, grad_state, grad_total, feats, feats_ok, cols_e, r, e)
+            if LEARNED:
+                _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
+
+    @triton.jit
+    def _query_state_grad_kernel(
+        Q, sq_b, sq_h, sq_n, P, sp_h, sp_d, sp_r, S, Z, DO, sdo_b, sdo_h, sdo_n, DS, DZ, DP,
+        ROW_DEN, ROW_GRAD_DEN, ROW_TOP,
+        heads, n, d, e, r, chunk_stride, chunk_width, tiles, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr, KIND: tl.constexpr, LEARNED: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """Several chunks: dS, dz (and the map's gradient) of one chunk of the features over this program's tiles
+        of queries, from the rows' normalisers, their gradients and stabilisers that `_query_backward_kernel`
+        wrote."""
+        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b, h = bh // heads, bh % heads
+        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
+        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+        state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
+        grad_state = tl.zeros([BLOCK_C, BLOCK_E], tl.float32)
+        grad_total = tl.zeros([BLOCK_C], tl.float32)
+        grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+        for tile in range(tiles):
+            rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
+            rows_ok = rows < n
+            at = bh.to(tl.int64) * n + rows
+            safe_den = tl.load(ROW_DEN + at, mask=rows_ok, other=1.0)
+            grad_den = tl.load(ROW_GRAD_DEN + at, mask=rows_ok, other=0.0)
+            top = tl.load(ROW_TOP + at, mask=rows_ok, other=0.0)
+            x = _load_rows(Q, b, h, sq_b, sq_h, sq_n, rows, cols_d, n, d)
+            grad_num = _load_rows(DO, b, h, sdo_b, sdo_h, sdo_n, rows, cols_e, n, e) / safe_den[:, None]
+            pre = _pre(x, proj, KIND, PREC)
+            phi = _phi(x, pre, rows_ok, feats, feats_ok, r, top, hsq_scale, floor, log_half_r, KIND)
             grad_state += _dot(tl.trans(phi), grad_num, PREC)
             grad_total += tl.sum(phi * grad_den[:, None], 0)
-            grad_x, grad_pre = _phi_backward(x, proj, phi, pre, grad_phi, cols_r, r, hsq_scale, floor, log_half_r,
-                                             KIND, PREC)  # fmt: skip
-            _store_rows(DQ, grad_x, b, h, sdq_b, sdq_h, sdq_n, rows, cols_d, n, d)
             if LEARNED:
-                grad_proj += _dot(tl.trans(x), grad_pre, PREC)
-        _add_state(DS, DZ, bh, grad_state, grad_total, cols_r, cols_e, r, e)
+                grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
+                grad_phi = tl.where(rows_ok[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_proj += _dot(tl.trans(x), _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND), PREC)
+        _add_state(DS, DZ, bh, grad_state, grad_total, feats, feats_ok, cols_e, r, e)
         if LEARNED:
-            _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r)
+            _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
 
     @triton.jit
     def _key_backward_kernel(
         K, sk_b, sk_h, sk_n, V, sv_b, sv_h, sv_n, P, sp_h, sp_d, sp_r, KEEP, KEY_MAX, DS, DZ,
         DK, sdk_b, sdk_h, sdk_n, DV, sdv_b, sdv_h, sdv_n, DP,
-        heads, n, d, e, r, tiles, hsq_scale, floor, log_half_r, proj_scale,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
-        KIND: tl.constexpr, HAS_MASK: tl.constexpr, LEARNED: tl.constexpr, PREC: tl.constexpr,
+        heads, n, d, e, r, chunk_stride, chunk_width, tiles, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr, KIND: tl.constexpr, HAS_MASK: tl.constexpr, LEARNED: tl.constexpr,
+        PREC: tl.constexpr,
     ):  # fmt: skip
-        """dv = phi(k) dS, dk through dphi(k) = v dS^T + dz (and the map's gradient), over this program's keys."""
+        """dv = phi(k) dS, dk through dphi(k) = v dS^T + dz over this program's keys, chunk by chunk (and, with
+        one chunk, the map's gradient; with several, `_key_map_grad_kernel` sums it)."""
         bh, split = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
-        cols_d, cols_e, cols_r = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_R)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, cols_r, d, r, proj_scale, KIND)
+        cols_d, cols_e, cols_c = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_C)
         offset = _key_offset(KEY_MAX, bh, KIND)
-        grad_proj = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
+        grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
-            grad_state, grad_total = _load_state(DS, DZ, bh, cols_r, cols_e, r, e)
             x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
             values = _load_rows(V, b, h, sv_b, sv_h, sv_n, rows, cols_e, n, e)
             kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
-            phi, pre = _phi(x, proj, kept, cols_r, r, offset, hsq_scale, floor, log_half_r, KIND, True, PREC)
-            _store_rows(DV, _dot(phi, grad_state, PREC), b, h, sdv_b, sdv_h, sdv_n, rows, cols_e,
-                        n, e)  # fmt: skip
-            grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
-            grad_phi = tl.where(kept[:, None] & (cols_r < r)[None, :], grad_phi, 0.0)
-            grad_x, grad_pre = _phi_backward(x, proj, phi, pre, grad_phi, cols_r, r, hsq_scale, floor, log_half_r,
-                                             KIND, PREC)  # fmt: skip
+            grad_v = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
+            grad_x = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+            for chunk in range(CHUNKS):
+                feats, feats_ok = _chunk(chunk, cols_c, chunk_stride, chunk_width, r)
+                proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+                grad_state, grad_total = _load_state(DS, DZ, bh, feats, feats_ok, cols_e, r, e)
+                pre = _pre(x, proj, KIND, PREC)
+                phi = _phi(x, pre, kept, feats, feats_ok, r, offset, hsq_scale, floor, log_half_r, KIND)
+                grad_v += _dot(phi, grad_state, PREC)
+                grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
+                grad_phi = tl.where(kept[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_pre = _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND)
+                grad_x += _x_grad(x, proj, grad_pre, hsq_scale, KIND, PREC)
+                if LEARNED and CHUNKS == 1:
+                    grad_proj += _dot(tl.trans(x), grad_pre, PREC)
+            _store_rows(DV, grad_v, b, h, sdv_b, sdv_h, sdv_n, rows, cols_e, n, e)
             _store_rows(DK, grad_x, b, h, sdk_b, sdk_h, sdk_n, rows, cols_d, n, d)
-            if LEARNED:
-                grad_proj += _dot(tl.trans(x), grad_pre, PREC)
-        if LEARNED:
-            _add_proj_grad(DP, h, grad_proj, cols_d, cols_r, d, r)
+        if LEARNED and CHUNKS == 1:
+            feats, feats_ok = _chunk(0, cols_c, chunk_stride, chunk_width, r)
+            _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
+
+    @triton.jit
+    def _key_map_grad_kernel(
+        K, sk_b, sk_h, sk_n, V, sv_b, sv_h, sv_n, P, sp_h, sp_d, sp_r, KEEP, DS, DZ, DP,
+        heads, n, d, e, r, chunk_stride, chunk_width, tiles, hsq_scale, floor, log_half_r, proj_scale,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
+        KIND: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """Several chunks of a learned map: the keys' share of its gradient `[h, D, R]`, one chunk a program."""
+        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b, h = bh // heads, bh % heads
+        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
+        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+        grad_state, grad_total = _load_state(DS, DZ, bh, feats, feats_ok, cols_e, r, e)
+        grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+        for tile in range(tiles):
+            rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
+            x = _load_rows(K, b, h, sk_b, sk_h, sk_n, rows, cols_d, n, d)
+            values = _load_rows(V, b, h, sv_b, sv_h, sv_n, rows, cols_e, n, e)
+            kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
+            pre = _pre(x, proj, KIND, PREC)
+            phi = _phi(x, pre, kept, feats, feats_ok, r, 0.0, hsq_scale, floor, log_half_r, KIND)
+            grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
+            grad_phi = tl.where(kept[:, None] & feats_ok[None, :], grad_phi, 0.0)
+            grad_proj += _dot(tl.trans(x), _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND), PREC)
+        _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
 
 
 # Triton chose, when the kernels were defined, between compiling them and interpreting them
@@ -407,48 +569,70 @@ def _multiprocessors(index: int) -> int:
 
 
 _DOT_PRECISIONS = ("tf32", "bf16")
+# Feature columns a kernel holds at once past 64 features: more kept whole-`[r, e]` state tiles in registers and
+# spilled (performer's 256 features, hedgehog's 2 x 64, ran 5x below linear's rate per FLOP on an H200).
+_CHUNK = 64
 
 
-def _config_override(kind: int) -> tuple[int, int, str | None] | None:
-    """`ZOO_FUSED_CONFIG`: `rows:warps[:dot]` for every feature map, or per map, `elu=64:4,favor=32:8:bf16` (the
-    names of `Feature`, lower case): tile rows, warps and, for half-precision inputs, the products' precision (tf32,
-    the default, or bf16 operands with fp32 sums), for a sweep (`zoo_bench.kernel_configs`)."""
+class _Config(typing.NamedTuple):
+    """A `ZOO_FUSED_CONFIG` entry: tile rows, warps, the products' precision (None: the default) and feature
+    columns per chunk (None: the default; 0: all at once)."""
+
+    rows: int
+    warps: int
+    dot: str | None = None
+    chunk: int | None = None
+
+
+def _config_override(kind: int) -> _Config | None:
+    """`ZOO_FUSED_CONFIG`: `rows:warps[:dot[:chunk]]` for every feature map, or per map, `elu=64:4,favor=32:8:bf16`
+    (the names of `Feature`, lower case): tile rows, warps, for half-precision inputs the products' precision (tf32,
+    the default, or bf16 operands with fp32 sums; empty for the default), and the feature columns a kernel holds at
+    once (a power of two from 16, or 0 for all; HEDGEHOG's chunks are its two halves whatever the number), for a
+    sweep (`zoo_bench.kernel_configs`)."""
     text = os.environ.get("ZOO_FUSED_CONFIG", "")
     for entry in filter(None, text.split(",")):
         name, _, config = entry.rpartition("=")
         if name in ("", Feature(kind).name.lower()):
-            parts = config.split(":")
-            try:
-                rows, warps = int(parts[0]), int(parts[1])
-            except (ValueError, IndexError):
-                rows = None
-            dot = parts[2] if len(parts) == 3 else None
-            if rows is None or len(parts) > 3 or dot not in (None, *_DOT_PRECISIONS):
-                raise ValueError(
-                    f"ZOO_FUSED_CONFIG entry {entry!r} is not rows:warps[:dot] (dot one of "
-                    f"{', '.join(_DOT_PRECISIONS)}), e.g. 64:4 or favor=32:8:bf16"
-                )
-            return rows, warps, dot
+            return _parse_config(entry, config)
     return None
 
 
+def _parse_config(entry: str, config: str) -> _Config:
+    parts = config.split(":")
+    rows = warps = chunk = None
+    with contextlib.suppress(ValueError, IndexError):
+        rows, warps = int(parts[0]), int(parts[1])
+        chunk = int(parts[3]) if len(parts) > 3 else None
+    dot = (parts[2] or None) if len(parts) > 2 else None
+    chunk_ok = len(parts) < 4 or (chunk is not None and (chunk == 0 or (chunk >= 16 and chunk & (chunk - 1) == 0)))
+    if warps is None or len(parts) > 4 or dot not in (None, *_DOT_PRECISIONS) or not chunk_ok:
+        raise ValueError(
+            f"ZOO_FUSED_CONFIG entry {entry!r} is not rows:warps[:dot[:chunk]] (dot one of "
+            f"{', '.join(_DOT_PRECISIONS)} or empty, chunk 0 or a power of two from 16), e.g. 64:4, favor=32:8:bf16 "
+            "or favor=64:4::64"
+        )
+    return _Config(rows, warps, dot, chunk)
+
+
 class _Plan:
-    """Block sizes, split counts and the constants of one call."""
+    """Block sizes, split counts, feature chunks and the constants of one call."""
 
     def __init__(self, q: Tensor, v: Tensor, features: int, kind: int, eps: float) -> None:
         b, h, n, d = q.shape
         self.h, self.n, self.d, self.e, self.r = h, n, d, v.shape[-1], features
-        self.block_d, self.block_e, self.block_r = _pow2(d), _pow2(self.e), _pow2(features)
-        # The `[w, r]` feature tile and the `[r, e]` state share the registers with the accumulators.
-        self.block_n = 64 if self.block_r <= 128 else 32
-        self.warps = 4 if self.block_r * self.block_e <= 64 * 64 else 8
+        self.block_d, self.block_e = _pow2(d), _pow2(self.e)
+        override = _config_override(kind) or _Config(0, 0)
+        self._chunk(kind, _CHUNK if override.chunk is None else override.chunk)
+        # The `[w, c]` feature tile and the `[c, e]` state chunk share the registers with the accumulators.
+        self.block_n = 64 if self.block_c <= 128 else 32
+        self.warps = 4 if self.block_c * self.block_e <= 64 * 64 else 8
         # tf32 where the inputs are half precision anyway; exact fp32 products for fp32 inputs
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        override = _config_override(kind)
-        if override:
-            self.block_n, self.warps, dot = override
-            if dot and self.prec != "ieee":
-                self.prec = dot
+        if override.rows:
+            self.block_n, self.warps = override.rows, override.warps
+            if override.dot and self.prec != "ieee":
+                self.prec = override.dot
         n_tiles = triton.cdiv(n, self.block_n)
         splits = max(1, min(n_tiles, _programs(q.device) // (b * h)))
         self.tiles = triton.cdiv(n_tiles, splits)
@@ -461,20 +645,35 @@ class _Plan:
         self.log_half_r = 0.5 * math.log(features)
         self.floor = eps / math.sqrt(features) if kind == Feature.FAVOR else eps
 
+    def _chunk(self, kind: int, chunk: int) -> None:
+        """Feature chunks of `chunk` columns (`block_c` wide, `stride` apart, `width` of them real) where the features
+        are wider; HEDGEHOG's two halves (each one softmax); ELU's features (x's columns) whole."""
+        block_r = _pow2(self.r)
+        self.chunks, self.block_c, self.chunk_stride, self.chunk_width = 1, block_r, block_r, block_r
+        if kind == Feature.ELU or chunk == 0 or chunk >= block_r:
+            return
+        if kind == Feature.HEDGEHOG:
+            half = self.r // 2
+            self.chunks, self.block_c, self.chunk_stride, self.chunk_width = 2, _pow2(half), half, half
+        else:
+            self.chunks, self.block_c = triton.cdiv(self.r, chunk), chunk
+            self.chunk_stride = self.chunk_width = chunk
+
     def blocks(self) -> dict:
         return {
             "BLOCK_N": self.block_n,
             "BLOCK_D": self.block_d,
             "BLOCK_E": self.block_e,
-            "BLOCK_R": self.block_r,
+            "BLOCK_C": self.block_c,
             "PREC": self.prec,
             "num_warps": self.warps,
-            # 256 features: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200 has 227)
-            **({"num_stages": 1} if self.block_r >= 256 else {}),
+            # 256 features at once: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200
+            # has 227)
+            **({"num_stages": 1} if self.block_c >= 256 else {}),
         }
 
     def constants(self) -> tuple:
-        return self.h, self.n, self.d, self.e, self.r
+        return self.h, self.n, self.d, self.e, self.r, self.chunk_stride, self.chunk_width
 
     def scalars(self) -> tuple:
         return self.hsq_scale, self.floor, self.log_half_r, self.proj_scale
@@ -511,20 +710,20 @@ def _state(k, v, keep, proj_k, plan: _Plan, key_max: Tensor | None = None) -> tu
     state = k.new_zeros(b * h, plan.r, plan.e, dtype=torch.float32)
     total = k.new_zeros(b * h, plan.r, dtype=torch.float32)
     keep_t, pk = _keep_arg(keep, k), _proj_args(proj_k, k)
-    grid = (b * h, plan.splits)
+    grid = (b * h, plan.splits, plan.chunks)
     if key_max is None:
         key_max = k.new_full((b * h,), float("-inf"), dtype=torch.float32)
         if plan.kind == Feature.FAVOR:
             _key_max_kernel[grid](
-                k, *_strides(k), *pk, keep_t, key_max, h, n, d, plan.r, plan.tiles, plan.proj_scale,
-                BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_R=plan.block_r, HAS_MASK=keep is not None,
-                PREC=plan.prec, num_warps=plan.warps,
+                k, *_strides(k), *pk, keep_t, key_max, h, n, d, plan.r, plan.chunk_stride, plan.chunk_width,
+                plan.tiles, plan.proj_scale, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d, BLOCK_C=plan.block_c,
+                HAS_MASK=keep is not None, PREC=plan.prec, num_warps=plan.warps,
             )  # fmt: skip
         # no kept key at all: any finite offset (their features are zero)
         key_max = torch.nan_to_num(key_max, neginf=0.0)
     _state_kernel[grid](
         k, *_strides(k), v, *_strides(v), *pk, keep_t, key_max, state, total, *plan.constants(), plan.tiles,
-        *plan.scalars(), KIND=plan.kind, HAS_MASK=keep is not None, **plan.blocks(),
+        *plan.scalars(), CHUNKS=plan.chunks, KIND=plan.kind, HAS_MASK=keep is not None, **plan.blocks(),
     )  # fmt: skip
     return state, total, key_max
 
@@ -536,7 +735,7 @@ def _forward(q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
     out = q.new_empty(b, n, h, plan.e).permute(0, 2, 1, 3)  # [b, h, n, e] laid out as [b, n, h, e] for proj
     _output_kernel[(b * h, plan.n_tiles)](
         q, *_strides(q), *_proj_args(proj_q, q), state, total, out, *_strides(out), *plan.constants(),
-        *plan.scalars(), KIND=kind, **plan.blocks(),
+        *plan.scalars(), CHUNKS=plan.chunks, KIND=kind, **plan.blocks(),
     )  # fmt: skip
     return out, state, total, key_max
 
@@ -559,20 +758,35 @@ def _backward(grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_ma
     # the gradient of [W, -W] `[h, d, 2 f]`, folded into W's below
     grad_proj_q = torch.zeros((h, d, plan.r) if learned else (0,), device=q.device, dtype=torch.float32)
     grad_proj_k = torch.zeros_like(grad_proj_q)
-    keep_t = _keep_arg(keep, q)
+    keep_t, pq, pk = _keep_arg(keep, q), _proj_args(proj_q, q), _proj_args(proj_k, q)
+    # several chunks: each query row's normaliser, its gradient and FAVOR's stabiliser `[b h, n]`, for the
+    # kernel that sums dS chunk by chunk
+    rows = (state,) * 3
+    if plan.chunks > 1:
+        rows = q.new_empty(3, b * h, n, dtype=torch.float32).unbind(0)
     grid = (b * h, plan.splits)
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
+    blocks = {"CHUNKS": plan.chunks, "KIND": kind, "LEARNED": learned, **plan.blocks()}
     _query_backward_kernel[grid](
-        q, *_strides(q), *_proj_args(proj_q, q), state, total, out, *_strides(out), grad_out, *_strides(grad_out),
-        grad_q, *_strides(grad_q), grad_state, grad_total, grad_proj_q if learned else state,
-        *plan.constants(), plan.tiles, *plan.scalars(), KIND=kind, LEARNED=learned, **plan.blocks(),
+        q, *_strides(q), *pq, state, total, out, *_strides(out), grad_out, *_strides(grad_out),
+        grad_q, *_strides(grad_q), grad_state, grad_total, grad_proj_q if learned else state, *rows,
+        *plan.constants(), plan.tiles, *plan.scalars(), **blocks,
     )  # fmt: skip
+    if plan.chunks > 1:
+        _query_state_grad_kernel[(*grid, plan.chunks)](
+            q, *_strides(q), *pq, state, total, grad_out, *_strides(grad_out), grad_state, grad_total,
+            grad_proj_q if learned else state, *rows, *plan.constants(), plan.tiles, *plan.scalars(), **blocks,
+        )  # fmt: skip
     _key_backward_kernel[grid](
-        k, *_strides(k), v, *_strides(v), *_proj_args(proj_k, q), keep_t, key_max, grad_state, grad_total,
+        k, *_strides(k), v, *_strides(v), *pk, keep_t, key_max, grad_state, grad_total,
         grad_k, *_strides(grad_k), grad_v, *_strides(grad_v), grad_proj_k if learned else state,
-        *plan.constants(), plan.tiles, *plan.scalars(), KIND=kind, HAS_MASK=keep is not None, LEARNED=learned,
-        **plan.blocks(),
+        *plan.constants(), plan.tiles, *plan.scalars(), HAS_MASK=keep is not None, **blocks,
     )  # fmt: skip
+    if learned and plan.chunks > 1:
+        _key_map_grad_kernel[(*grid, plan.chunks)](
+            k, *_strides(k), v, *_strides(v), *pk, keep_t, grad_state, grad_total, grad_proj_k,
+            *plan.constants(), plan.tiles, *plan.scalars(), KIND=kind, HAS_MASK=keep is not None, **plan.blocks(),
+        )  # fmt: skip
     if learned:
         f = plan.r // 2
         grad_proj_q, grad_proj_k = (g[..., :f] - g[..., f:] for g in (grad_proj_q, grad_proj_k))

@@ -1,0 +1,177 @@
+"""What the fused linear-family kernels ask of a GPU, found without one: registers, spills, shared memory.
+
+`python -m zoo_bench.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...]` runs one forward and
+backward of the fused op (`zoo.attention._fused_linear`) on CPU tensors at the shape of the 1024-px recipes
+(ViT-S/16: 4,097 tokens, 6 heads of 64, bf16), with each kernel launch recorded instead of run. Every recorded
+launch is then compiled by triton's own compiler for `sm_<arch>`, and ptxas reports the registers per thread, the
+bytes spilled to local memory and the kernel's shared memory. A kernel whose shared memory is over the
+architecture's limit (227 KB on sm_90) fails to launch on that GPU: the command exits 1, naming it.
+
+Triton's CUDA backend ships ptxas, so this runs on any Linux machine with triton installed, but only with the
+kernels compiled, not interpreted: `TRITON_INTERPRET` must be unset. `ZOO_FUSED_CONFIG` applies as in a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+# Shared memory a block may use (bytes), by compute capability: sm_80 (A100), sm_86 / sm_89, sm_90 (H100, H200).
+SHARED_LIMIT = {80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448}
+# name -> (`Feature` name, features): the three maps of the shipped recipes, at their widths
+MAPS = {"performer": ("FAVOR", 256), "hedgehog": ("HEDGEHOG", 128), "linear": ("ELU", 64)}
+KERNELS = (
+    "_key_max_kernel",
+    "_state_kernel",
+    "_output_kernel",
+    "_query_backward_kernel",
+    "_query_state_grad_kernel",
+    "_key_backward_kernel",
+    "_key_map_grad_kernel",
+)
+
+
+class Launch(NamedTuple):
+    kernel: str
+    args: tuple
+    kwargs: dict
+
+
+class Resources(NamedTuple):
+    kernel: str
+    warps: int
+    registers: int
+    spilled: int  # bytes per thread stored to local memory
+    shared: int  # bytes per block
+
+
+class _Recorder:
+    """Stands in for a kernel: `kernel[grid](*args, **kwargs)` appends the launch instead of running it."""
+
+    def __init__(self, name: str, launches: list[Launch]) -> None:
+        self.name, self.launches = name, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append(Launch(self.name, args, kwargs))
+
+
+@contextlib.contextmanager
+def _recorded(fused, launches: list[Launch]) -> Iterator[None]:
+    originals = {name: getattr(fused, name) for name in KERNELS}
+    for name in KERNELS:
+        setattr(fused, name, _Recorder(name, launches))
+    try:
+        yield
+    finally:
+        for name, kernel in originals.items():
+            setattr(fused, name, kernel)
+
+
+def record(feature_name: str, features: int, shape: tuple[int, int, int, int] = (1, 4097, 6, 64)) -> list[Launch]:
+    """The launches of one forward and backward (the state recomputed in backward) at `shape` (b, n, h, d), one per
+    distinct kernel and compile-time constants."""
+    from zoo.attention import _fused_linear as fused
+
+    feature = fused.Feature[feature_name]
+    b, n, h, d = shape
+    q, k, v = fused._heads(torch.randn(b, n, 3, h, d, dtype=torch.bfloat16))
+    proj = {fused.Feature.FAVOR: torch.randn(1, d, features), fused.Feature.HEDGEHOG: torch.randn(h, d, features // 2)}
+    proj = proj.get(feature)
+    launches: list[Launch] = []
+    with _recorded(fused, launches):
+        out, _, _, key_max = fused._forward(q, k, v, None, proj, proj, int(feature), 1e-4)
+        fused._backward(torch.randn_like(out), q, k, v, None, proj, proj, out, None, None, key_max, int(feature), 1e-4)
+    unique = {(launch.kernel, tuple(sorted(launch.kwargs.items()))): launch for launch in launches}
+    return list(unique.values())
+
+
+_POINTEE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8"}
+
+
+def _arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _POINTEE[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    return "i32" if isinstance(value, int) else "fp32"
+
+
+def compile_launch(launch: Launch, arch: int) -> Resources:
+    """Compile one recorded launch for `sm_<arch>` and read ptxas's report of it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from zoo.attention import _fused_linear as fused
+
+    kernel = getattr(fused, launch.kernel)
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("the kernels are interpreted here (TRITON_INTERPRET=1): unset it to compile them")
+    options = {key: launch.kwargs[key] for key in ("num_warps", "num_stages") if key in launch.kwargs}
+    values = {**dict(zip(kernel.arg_names, launch.args, strict=True)), **launch.kwargs}
+    constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
+    signature = {name: "constexpr" if name in constexprs else _arg_type(values[name]) for name in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    report = _ptxas_report(compiled.asm["ptx"], arch)
+    registers = re.search(r"Used (\d+) registers", report)
+    spilled = re.search(r"(\d+) bytes spill stores", report)
+    return Resources(
+        launch.kernel,
+        options.get("num_warps", 4),
+        int(registers.group(1)) if registers else 0,
+        int(spilled.group(1)) if spilled else 0,
+        compiled.metadata.shared,
+    )
+
+
+def _ptxas_report(ptx: str, arch: int) -> str:
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    suffix = "a" if arch >= 90 else ""
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        command = [str(ptxas), "-v", f"--gpu-name=sm_{arch}{suffix}", str(source), "-o", str(Path(folder) / "k.cubin")]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stderr
+
+
+def resources(name: str, arch: int = 90, kernels: tuple[str, ...] = KERNELS) -> list[Resources]:
+    feature_name, features = MAPS[name]
+    return [compile_launch(launch, arch) for launch in record(feature_name, features) if launch.kernel in kernels]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT))
+    parser.add_argument("--maps", nargs="+", choices=tuple(MAPS), default=tuple(MAPS))
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS, help="default: every one launched")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        parser.error("TRITON_INTERPRET=1 interprets the kernels; unset it to compile them")
+    limit, over = SHARED_LIMIT[args.arch], []
+    print(f"sm_{args.arch}, ZOO_FUSED_CONFIG={os.environ.get('ZOO_FUSED_CONFIG', '')!r}, shared limit {limit} bytes")
+    print("| map | kernel | warps | registers | spilled bytes | shared bytes |\n|---|---|---|---|---|---|")
+    for name in args.maps:
+        for found in resources(name, args.arch, tuple(args.kernels)):
+            print(f"| {name} | {found.kernel} | {found.warps} | {found.registers} | {found.spilled} | {found.shared} |")
+            if found.shared > limit:
+                over.append(f"{name} {found.kernel} ({found.shared} bytes)")
+    if over:
+        print(f"over sm_{args.arch}'s shared memory, these would not launch: {', '.join(over)}", file=sys.stderr)
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
