@@ -118,7 +118,8 @@ def compile_launch(launch: Launch, arch: int) -> Resources:
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("the kernels are interpreted here (TRITON_INTERPRET=1): unset it to compile them")
     options = {key: launch.kwargs[key] for key in ("num_warps", "num_stages") if key in launch.kwargs}
-    values = {**dict(zip(kernel.arg_names, launch.args, strict=True)), **launch.kwargs}
+    # the launch passes the leading arguments by position, the compile-time ones by name
+    values = {**dict(zip(kernel.arg_names, launch.args, strict=False)), **launch.kwargs}
     constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
     signature = {name: "constexpr" if name in constexprs else _arg_type(values[name]) for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
