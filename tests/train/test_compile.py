@@ -185,7 +185,16 @@ def test_compile_takes_a_mode_from_the_command_line(tmp_path, value, expected):
     assert train_cfg.compile_mode == {True: "default", False: None}.get(expected, expected)
 
 
-ALLOWED = "expected one of false, true, 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'"
+@pytest.mark.parametrize("cuda, mode", [(False, None), (True, "default")], ids=["cpu", "gpu"])
+def test_compile_cuda_compiles_only_where_the_run_has_a_gpu(monkeypatch, cuda, mode):
+    """`train.compile: cuda` (`vit_linear_1024`'s): torch.compile's default mode on a CUDA machine, eager on a CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert recipe_from_dict(tiny_vit_recipe(train={"compile": "cuda"})).train.compile_mode == mode
+
+
+ALLOWED = (
+    "expected one of false, true, 'cuda', 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'"
+)
 
 
 @pytest.mark.parametrize("value, shown", [("fast", "'fast'"), (1, "1"), ("True", "'True'"), (None, "None")])

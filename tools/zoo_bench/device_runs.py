@@ -217,7 +217,8 @@ def train_record(
     from zoo.config import load_recipe
     from zoo.train.loop import Trainer
 
-    overrides = (*overrides, *(("train.compile=true",) if compiled else ()))
+    # eager named, not assumed: a recipe may compile on a GPU by itself (`train.compile: cuda`)
+    overrides = (*overrides, "train.compile=true" if compiled else "train.compile=false")
     recipe = load_recipe(REPO_ROOT / recipe_path, list(overrides))
     overrides = (*overrides, *layout_fits(recipe))
     size = recipe.data.batch_size

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from accelerate.utils import LoggerType
 from timm.optim import list_optimizers
 
@@ -43,9 +44,10 @@ __all__ = [
 # accelerate's trackers by name (`all` left out: a recipe names the one it logs to)
 TRACKERS = tuple(str(tracker) for tracker in LoggerType if tracker != LoggerType.ALL)
 
-# torch.compile's modes, which train.compile names (true: the first), or false for none
+# torch.compile's modes, which train.compile names (true: the first), or false for none; cuda: the first where the
+# run has a CUDA GPU, none elsewhere
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-COMPILE_CHOICES = (False, True, *COMPILE_MODES)
+COMPILE_CHOICES = (False, True, "cuda", *COMPILE_MODES)
 
 
 def _kind_options(kind: str) -> type:
@@ -288,7 +290,8 @@ class TrainConfig:
     # its package must be installed. null: none.
     log_with: str | None = field(default=None, metadata={"choices": lambda: TRACKERS})
     # torch.compile of the model through accelerate's dynamo plugin (inductor): false runs it eagerly; true or one of
-    # torch.compile's modes (true: 'default'). The first step's time, which includes compiling, and the steady step
+    # torch.compile's modes (true: 'default'); cuda: 'default' where the run has a CUDA GPU, eager on a CPU (where
+    # compiling costs minutes and gains little). The first step's time, which includes compiling, and the steady step
     # time go into train.log and train_summary.json (first_step_s, step_s, compile_s); samples/s leaves it out.
     compile: Literal[COMPILE_CHOICES] = False
     # an exponential moving average of the weights (null: none); see EmaConfig
@@ -303,10 +306,10 @@ class TrainConfig:
 
     @property
     def compile_mode(self) -> str | None:
-        """The torch.compile mode that `compile` asks for; None: eager."""
-        if self.compile is False:
+        """The torch.compile mode that `compile` asks for on this machine; None: eager."""
+        if self.compile is False or (self.compile == "cuda" and not torch.cuda.is_available()):
             return None
-        return COMPILE_MODES[0] if self.compile is True else self.compile
+        return COMPILE_MODES[0] if self.compile in (True, "cuda") else self.compile
 
 
 @dataclass
