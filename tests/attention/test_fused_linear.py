@@ -18,8 +18,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
 # The variants and options whose non-causal mode the fused kernels compute: every feature map they hold.
-# `performer` and `hedgehog-wide` hold their features in chunks (`CHUNKED`), as 256 random features and hedgehog's
-# 2 x 64 are by default; the others, and every case of `test_bf16_products_stay_close_to_fp32`, whole.
+# `performer` and `hedgehog-wide` hold their features in chunks (`CHUNKED`), as 256 random features are by default;
+# the others, and every case of `test_bf16_products_stay_close_to_fp32`, whole.
 FUSED = {
     "linear": ("linear", {}),
     "performer": ("performer", {"nb_features": 24}),
@@ -232,15 +232,17 @@ def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
         (fused.Feature.FAVOR, 200, "favor=32:8::128", (2, 128, 128, 128)),
         (fused.Feature.FAVOR, 64, "", (1, 64, 64, 64)),
         (fused.Feature.RELU, 96, "", (2, 64, 64, 64)),
-        (fused.Feature.HEDGEHOG, 128, "", (2, 64, 64, 64)),
+        (fused.Feature.HEDGEHOG, 128, "", (1, 128, 128, 128)),
+        (fused.Feature.HEDGEHOG, 128, "hedgehog=64:4::64", (2, 64, 64, 64)),
         (fused.Feature.HEDGEHOG, 96, "hedgehog=64:4::16", (2, 64, 48, 48)),
         (fused.Feature.HEDGEHOG, 64, "", (1, 64, 64, 64)),
         (fused.Feature.ELU, 128, "elu=64:4::16", (1, 128, 128, 128)),
     ],
 )
 def test_features_past_64_columns_are_held_in_chunks(feature, features, config, expected, monkeypatch):
-    """By default 64 feature columns at a time (the state tile that fits the registers), hedgehog by its halves (one
-    softmax each), linear's elu + 1 whole (its features are q's and k's own columns); `ZOO_FUSED_CONFIG` sets it."""
+    """FAVOR and RELU 64 feature columns at a time by default (whole, 256 do not fit sm_90's shared memory),
+    hedgehog whole unless asked for its halves (one softmax each), linear's elu + 1 always whole (its features are q's
+    and k's own columns); `ZOO_FUSED_CONFIG` sets it."""
     monkeypatch.setenv("ZOO_FUSED_CONFIG", config)
     q = torch.empty(1, 1, 100, 128 if feature == fused.Feature.ELU else 64)
     plan = fused._Plan(q, q[..., :64], features, feature, 0.0)

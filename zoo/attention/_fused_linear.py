@@ -11,11 +11,12 @@ features never reach memory, in forward or backward. Saved for backward: q, k, v
 `[r, e]` state with the key sum where they are no larger than SDPA's log-sum-exp (`saves_state`; else the
 backward recomputes them from k and v): never more than SDPA keeps.
 
-Features past 64 columns are held 64 at a time (hedgehog's by halves, one softmax each): the state kernel and the
-gradient sums take one chunk a program, the query and key kernels loop over the chunks, and FAVOR's query
-stabiliser (the max over all features) is carried across chunks as online softmax carries its max. Whole, 256
-random features asked for 256 KB of shared memory per program in the key backward on triton 3.8 (an H100 or H200
-has 227 KB); in chunks, 128 KB (`zoo_bench.kernel_resources` compiles them for sm_90 without a GPU).
+FAVOR's and RELU's features past 64 are held 64 at a time (HEDGEHOG's, when `ZOO_FUSED_CONFIG` asks, by halves,
+one softmax each): the state kernel and the gradient sums take one chunk a program, the query and key kernels loop
+over the chunks, and FAVOR's query stabiliser (the max over all features) is carried across chunks as online
+softmax carries its max. Whole, 256 random features asked for 256 KB of shared memory per program in the key
+backward on triton 3.8 (an H100 or H200 has 227 KB); in chunks, 128 KB (`zoo_bench.kernel_resources` compiles the
+kernels for sm_90 without a GPU).
 
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
@@ -442,6 +443,20 @@ if triton is not None:
                 _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
 
     @triton.jit
+    def _chunk_program(
+        P, sp_h, sp_d, sp_r, S, Z, heads, d, e, r, chunk_stride, chunk_width, proj_scale,
+        BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, KIND: tl.constexpr,
+    ):  # fmt: skip
+        """A program of (sample x head, split of the rows, chunk of the features): its indices, and its chunk's
+        columns of the map `[D, C]` and rows of S (or dS) `[C, E]` and z (or dz) `[C]`."""
+        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
+        proj = _load_proj(P, bh % heads, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
+        state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
+        return bh, split, feats, feats_ok, cols_d, cols_e, proj, state, total
+
+    @triton.jit
     def _query_state_grad_kernel(
         Q, sq_b, sq_h, sq_n, P, sp_h, sp_d, sp_r, S, Z, DO, sdo_b, sdo_h, sdo_n, DS, DZ, DP,
         ROW_DEN, ROW_GRAD_DEN, ROW_TOP,
@@ -452,12 +467,11 @@ if triton is not None:
         """Several chunks: dS, dz (and the map's gradient) of one chunk of the features over this program's tiles
         of queries, from the rows' normalisers, their gradients and stabilisers that `_query_backward_kernel`
         wrote."""
-        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        bh, split, feats, feats_ok, cols_d, cols_e, proj, state, total = _chunk_program(
+            P, sp_h, sp_d, sp_r, S, Z, heads, d, e, r, chunk_stride, chunk_width, proj_scale, BLOCK_D, BLOCK_E,
+            BLOCK_C, KIND,
+        )  # fmt: skip
         b, h = bh // heads, bh % heads
-        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
-        state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
         grad_state = tl.zeros([BLOCK_C, BLOCK_E], tl.float32)
         grad_total = tl.zeros([BLOCK_C], tl.float32)
         grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
@@ -532,12 +546,11 @@ if triton is not None:
         KIND: tl.constexpr, HAS_MASK: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         """Several chunks of a learned map: the keys' share of its gradient `[h, D, R]`, one chunk a program."""
-        bh, split, chunk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        bh, split, feats, feats_ok, cols_d, cols_e, proj, grad_state, grad_total = _chunk_program(
+            P, sp_h, sp_d, sp_r, DS, DZ, heads, d, e, r, chunk_stride, chunk_width, proj_scale, BLOCK_D, BLOCK_E,
+            BLOCK_C, KIND,
+        )  # fmt: skip
         b, h = bh // heads, bh % heads
-        cols_d, cols_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-        feats, feats_ok = _chunk(chunk, tl.arange(0, BLOCK_C), chunk_stride, chunk_width, r)
-        proj = _load_proj(P, h, sp_h, sp_d, sp_r, cols_d, feats, feats_ok, d, r, proj_scale, KIND)
-        grad_state, grad_total = _load_state(DS, DZ, bh, feats, feats_ok, cols_e, r, e)
         grad_proj = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         for tile in range(tiles):
             rows = (split * tiles + tile) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -569,8 +582,9 @@ def _multiprocessors(index: int) -> int:
 
 
 _DOT_PRECISIONS = ("tf32", "bf16")
-# Feature columns a kernel holds at once past 64 features: more kept whole-`[r, e]` state tiles in registers and
-# spilled (performer's 256 features, hedgehog's 2 x 64, ran 5x below linear's rate per FLOP on an H200).
+# Feature columns a FAVOR or RELU kernel holds at once past 64 features: whole, 256 random features ask for more
+# shared memory than sm_90 has on triton 3.8 (`zoo_bench.kernel_resources`). HEDGEHOG's 2 x 64 fit whole, and spill
+# less whole, so they stay whole unless `ZOO_FUSED_CONFIG` asks for halves.
 _CHUNK = 64
 
 
@@ -623,7 +637,8 @@ class _Plan:
         self.h, self.n, self.d, self.e, self.r = h, n, d, v.shape[-1], features
         self.block_d, self.block_e = _pow2(d), _pow2(self.e)
         override = _config_override(kind) or _Config(0, 0)
-        self._chunk(kind, _CHUNK if override.chunk is None else override.chunk)
+        default_chunk = _CHUNK if kind in (Feature.FAVOR, Feature.RELU) else 0
+        self._chunk(kind, default_chunk if override.chunk is None else override.chunk)
         # The `[w, c]` feature tile and the `[c, e]` state chunk share the registers with the accumulators.
         self.block_n = 64 if self.block_c <= 128 else 32
         self.warps = 4 if self.block_c * self.block_e <= 64 * 64 else 8
