@@ -88,8 +88,16 @@ def test_every_shipped_1024_px_recipe_trains_and_is_compared_with_softmax(cpu_ch
         assert item["vs_softmax"] == pytest.approx(
             item["samples_per_s"] / runs["vit_softmax_1024"]["samples_per_s"], rel=1e-2
         )
-    # softmax first, then the GPU work's families in their order; the 2048-px runs last, against softmax at 2048
+    # softmax first, then the GPU work's families in their order (a recipe's layout variants right after it); the
+    # 2048-px runs last, against softmax at 2048
     order = [item["run"] for item in train["items"]]
+    for variant, (stem, overrides) in device_runs.VARIANTS.items():
+        siblings = [other for other, (of, _) in device_runs.VARIANTS.items() if of == stem]
+        start = order.index(stem) + 1
+        assert order[start : start + len(siblings)] == siblings
+        assert runs[variant]["ok"] and runs[variant]["recipe"] == f"recipes/{stem}.yaml", runs[variant]
+        assert set(overrides) <= set(runs[variant]["overrides"])
+    order = [run for run in order if run not in device_runs.VARIANTS]
     first = [f"vit_{name}_1024" for name in FIRST if f"vit_{name}_1024" in runs]
     assert order[: len(first)] == first and order[-2:] == ["vit_softmax_2048", "vit_window2d_global_2048"]
     assert (

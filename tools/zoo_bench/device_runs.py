@@ -42,6 +42,7 @@ __all__ = [
     "FIRST",
     "LARGE",
     "StandIn",
+    "VARIANTS",
     "fresh_accelerate",
     "layout_fits",
     "run_compile",
@@ -65,6 +66,16 @@ RATIOS = (
     ),
     ("window2d + global vs softmax, both at 2048 px", "vit_window2d_global_2048", "vit_softmax_2048"),
 )
+# Layouts timed right after their recipe, to choose between on GPU numbers (run -> recipe stem, overrides):
+# window2d + global in 16 x 16 windows (the 64 x 64 grid without padding: FlexAttention's blocks all full, not 155
+# partial of 167 as at 14), on FlexAttention and on the torch path (no padding, no mask: SDPA's flash kernel)
+VARIANTS = {
+    "vit_window2d_global_w16_1024": ("vit_window2d_global_1024", ("model.attention.options.window=16",)),
+    "vit_window2d_global_w16_torch_1024": (
+        "vit_window2d_global_1024",
+        ("model.attention.options.window=16", "model.attention.options.backend=torch"),
+    ),
+}
 # ListOps and Path-X ship with softmax: their partner is linear
 PARTNER_OF_SOFTMAX = "linear"
 # the species of recipes/genomes.yaml (E. coli, H. pylori, S. aureus, V. cholerae)
@@ -73,9 +84,9 @@ _GENOME_SPECIES = 4
 
 def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
     """The `train` part's runs in order -> (recipe, overrides of its own): the stems of recipes/vit_*_1024.yaml,
-    `FIRST`'s in its order then the rest by name, then the `LARGE` ones at 2048 px (`vit_<name>_2048`, the profile's
-    `large_overrides` on top). A family of `FIRST` that ships no recipe (hedgehog) runs as `vit_softmax_1024` with
-    its attention swapped, at the variant's defaults."""
+    `FIRST`'s in its order then the rest by name, each followed by its `VARIANTS`, then the `LARGE` ones at 2048 px
+    (`vit_<name>_2048`, the profile's `large_overrides` on top). A family of `FIRST` that ships no recipe (hedgehog)
+    runs as `vit_softmax_1024` with its attention swapped, at the variant's defaults."""
     recipes = REPO_ROOT / "recipes"
     # the segmentation recipes at 1024 px too (seg_*_1024: ViTDet's layout, Performer), beside softmax's classifier
     stems = sorted(path.stem for pattern in ("vit_*_1024.yaml", "seg_*_1024.yaml") for path in recipes.glob(pattern))
@@ -86,7 +97,12 @@ def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
                 swap = (f"model.attention.name={name}", "model.attention.options={}")
                 runs[f"vit_{name}_1024"] = ("recipes/vit_softmax_1024.yaml", swap)
     rank = {f"vit_{name}_1024": index for index, name in enumerate(FIRST)}
-    ordered = {run: runs[run] for run in sorted(runs, key=lambda run: (rank.get(run, len(rank)), run))}
+    ordered = {}
+    for run in sorted(runs, key=lambda run: (rank.get(run, len(rank)), run)):
+        ordered[run] = runs[run]
+        for variant, (stem, overrides) in VARIANTS.items():
+            if stem == run:
+                ordered[variant] = (runs[run][0], (*runs[run][1], *overrides))
     for name in LARGE:
         if f"vit_{name}_1024" in runs:
             ordered[f"vit_{name}_2048"] = runs[f"vit_{name}_1024"]
