@@ -16,7 +16,7 @@ one softmax each): the state kernel and the gradient sums take one chunk a progr
 over the chunks, and FAVOR's query stabiliser (the max over all features) is carried across chunks as online
 softmax carries its max. Whole, 256 random features asked for 256 KB of shared memory per program in the key
 backward on triton 3.8 (an H100 or H200 has 227 KB); in chunks, 128 KB (`zoo_bench.kernel_resources` compiles the
-kernels for sm_90 without a GPU).
+kernels for sm_90 without a GPU; `tests/tools/test_kernel_resources.py` holds the largest within the limit).
 
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
@@ -639,9 +639,12 @@ class _Plan:
         override = _config_override(kind) or _Config(0, 0)
         default_chunk = _CHUNK if kind in (Feature.FAVOR, Feature.RELU) else 0
         self._chunk(kind, default_chunk if override.chunk is None else override.chunk)
-        # The `[w, c]` feature tile and the `[c, e]` state chunk share the registers with the accumulators.
-        self.block_n = 64 if self.block_c <= 128 else 32
-        self.warps = 4 if self.block_c * self.block_e <= 64 * 64 else 8
+        # The `[w, c]` feature tile and the `[c, e]` state chunk share the registers and shared memory with the
+        # accumulators: at 128 features whole (hedgehog's 2 x 64), 64 rows ask for 241 KB in the query backward
+        self.block_n = 64 if self.block_c <= 64 else 32
+        # Chunked kernels carry x, dx and dv across the chunks: 8 warps halve each thread's share (ptxas on sm_90,
+        # 256 features: 680 and 304 bytes spilled in the query and key backward, against 1,776 and 1,076 at 4)
+        self.warps = 4 if self.block_c * self.block_e <= 64 * 64 and self.chunks == 1 else 8
         # tf32 where the inputs are half precision anyway; exact fp32 products for fp32 inputs
         self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
         if override.rows:
