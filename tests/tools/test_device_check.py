@@ -84,6 +84,8 @@ def test_every_shipped_1024_px_recipe_trains_and_is_compared_with_softmax(cpu_ch
         item = runs[stem]
         assert item["ok"] and item["recipe"] == f"recipes/{stem}.yaml", item
         assert item["data"] == "real" and item["samples_per_s"] > 0
+        # run eagerly (named, as a recipe may compile by itself), but docs/choose.md's command is the recipe's own
+        assert "compile" not in item and not any(o.startswith("train.compile") for o in item["overrides"])
         # the ratio is the two measured rates', not a number of its own
         assert item["vs_softmax"] == pytest.approx(
             item["samples_per_s"] / runs["vit_softmax_1024"]["samples_per_s"], rel=1e-2

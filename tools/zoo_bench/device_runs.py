@@ -233,14 +233,15 @@ def train_record(
     from zoo.config import load_recipe
     from zoo.train.loop import Trainer
 
-    # eager named, not assumed: a recipe may compile on a GPU by itself (`train.compile: cuda`)
-    overrides = (*overrides, "train.compile=true" if compiled else "train.compile=false")
-    recipe = load_recipe(REPO_ROOT / recipe_path, list(overrides))
+    # eager named, not assumed: a recipe may compile on a GPU by itself (`train.compile: cuda`). Kept out of the
+    # record's overrides, which docs/choose.md prints as the command of a pick (a compiled run's `compile` key says so)
+    how = "train.compile=true" if compiled else "train.compile=false"
+    recipe = load_recipe(REPO_ROOT / recipe_path, [*overrides, how])
     overrides = (*overrides, *layout_fits(recipe))
     size = recipe.data.batch_size
     # one batch's samples are all the steps need; no validation split is read
     sized = (f"data.train_samples={size}", f"data.val_samples={size}", "data.num_workers=0", "train.validate=false")
-    recipe = load_recipe(REPO_ROOT / recipe_path, [*overrides, *sized])
+    recipe = load_recipe(REPO_ROOT / recipe_path, [*overrides, how, *sized])
     notes: list[str] = []
     dynamo = torch._dynamo.config.patch(disable=True) if compiled == "off" else contextlib.nullcontext()
     fresh_accelerate()
