@@ -251,3 +251,57 @@ def test_features_past_64_columns_are_held_in_chunks(feature, features, config, 
     q = torch.empty(1, 1, 100, 128 if feature == fused.Feature.ELU else 64)
     plan = fused._Plan(q, q[..., :64], features, feature, 0.0)
     assert (plan.chunks, plan.block_c, plan.chunk_stride, plan.chunk_width) == expected
+
+
+class _Picky:
+    """A kernel that, as triton does on a GPU with too little shared memory, refuses launches before running them:
+    those without one pipeline stage (or all, with `always`)."""
+
+    def __init__(self, kernel, always=False):
+        self.kernel, self.always, self.refused = kernel, always, 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.always or kwargs.get("num_stages") != 1:
+                self.refused += 1
+                raise fused.OutOfResources(300_000, 232_448, "shared memory")
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_a_kernel_the_gpu_refuses_is_launched_again_smaller(monkeypatch):
+    """The key backward refused at the default plan: the backward runs again at the next level (one pipeline stage),
+    equal to the torch path, and later calls start at that level."""
+    picky = _Picky(fused._key_backward_kernel)
+    monkeypatch.setattr(fused, "_key_backward_kernel", picky)
+    monkeypatch.setattr(fused, "_FITTED", {})
+    name, options = FUSED["performer"]
+    module = builders.make(name, DIM, HEADS, **options)
+    reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
+    reference.load_state_dict(module.state_dict())
+    x = builders.tokens(BATCH, LENGTH, DIM)
+    keep = builders.padding(BATCH, LENGTH, drop=0.3)
+    for got, want in zip(run(module, x, keep), run(reference, x, keep, device="cpu", force=False), strict=True):
+        assert relative(got, want) < 1e-5
+    assert picky.refused == 1 and list(fused._FITTED.values()) == [1]
+    run(module, x, keep)
+    assert picky.refused == 1
+
+
+def test_a_gpu_too_small_for_every_level_names_the_torch_path(monkeypatch):
+    monkeypatch.setattr(fused, "_output_kernel", _Picky(fused._output_kernel, always=True))
+    monkeypatch.setattr(fused, "_FITTED", {})
+    module = builders.make("linear", DIM, HEADS)
+    with pytest.raises(RuntimeError, match="do not fit this GPU's shared memory even at their smallest.*ZOO_FUSED=0"):
+        run(module, builders.tokens(BATCH, LENGTH, DIM))
+
+
+@pytest.mark.parametrize("level, expected", [(0, (32, 1, None)), (1, (32, 1, 1)), (2, (32, 2, 1)), (4, (16, 2, 1))])
+def test_shrink_levels_give_up_pipelining_whole_features_then_rows(level, expected, monkeypatch):
+    """hedgehog's 2 x 64 features at their defaults: (rows, chunks, stages) at each level; at 2 the features are
+    chunked by halves, at 4 a tile has a quarter of its rows, at least 16."""
+    monkeypatch.delenv("ZOO_FUSED_CONFIG")
+    q = torch.empty(1, 1, 100, 64)
+    plan = fused._Plan(q, q, 128, fused.Feature.HEDGEHOG, 0.0, level)
+    assert (plan.block_n, plan.chunks, plan.stages) == expected

@@ -1,11 +1,12 @@
 """What the fused linear-family kernels ask of a GPU, found without one: registers, spills, shared memory.
 
-`python -m zoo_bench.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...]` runs one forward and
-backward of the fused op (`zoo.attention._fused_linear`) on CPU tensors at the shape of the 1024-px recipes
-(ViT-S/16: 4,097 tokens, 6 heads of 64, bf16), with each kernel launch recorded instead of run. Every recorded
-launch is then compiled by triton's own compiler for `sm_<arch>`, and ptxas reports the registers per thread, the
-bytes spilled to local memory and the kernel's shared memory. A kernel whose shared memory is over the
-architecture's limit (227 KB on sm_90) fails to launch on that GPU: the command exits 1, naming it.
+`python -m zoo_bench.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...] [--level 0]` runs one
+forward and backward of the fused op (`zoo.attention._fused_linear`) on CPU tensors at the shape of the 1024-px
+recipes (ViT-S/16: 4,097 tokens, 6 heads of 64, bf16), with each kernel launch recorded instead of run. Every
+recorded launch is then compiled by triton's own compiler for `sm_<arch>`, and ptxas reports the registers per
+thread, the bytes spilled to local memory and the kernel's shared memory. A kernel whose shared memory is over the
+architecture's limit (227 KB on sm_90, 99 KB on sm_86 / sm_89) fails to launch on that GPU: the command exits 1,
+naming it. On a GPU the kernels then launch again at the next shrink level (`--level`: what such a GPU gets).
 
 Triton's CUDA backend ships ptxas, so this runs on any Linux machine with triton installed, but only with the
 kernels compiled, not interpreted: `TRITON_INTERPRET` must be unset. `ZOO_FUSED_CONFIG` applies as in a run.
@@ -77,9 +78,11 @@ def _recorded(fused, launches: list[Launch]) -> Iterator[None]:
             setattr(fused, name, kernel)
 
 
-def record(feature_name: str, features: int, shape: tuple[int, int, int, int] = (1, 4097, 6, 64)) -> list[Launch]:
-    """The launches of one forward and backward (the state recomputed in backward) at `shape` (b, n, h, d), one per
-    distinct kernel and compile-time constants."""
+def record(
+    feature_name: str, features: int, shape: tuple[int, int, int, int] = (1, 4097, 6, 64), level: int = 0
+) -> list[Launch]:
+    """The launches of one forward and backward (the state recomputed in backward) at `shape` (b, n, h, d) and
+    shrink `level` (`_fused_linear._Plan`), one per distinct kernel and compile-time constants."""
     from zoo.attention import _fused_linear as fused
 
     feature = fused.Feature[feature_name]
@@ -88,9 +91,11 @@ def record(feature_name: str, features: int, shape: tuple[int, int, int, int] = 
     proj = {fused.Feature.FAVOR: torch.randn(1, d, features), fused.Feature.HEDGEHOG: torch.randn(h, d, features // 2)}
     proj = proj.get(feature)
     launches: list[Launch] = []
+    plan = fused._Plan(q, v, features, int(feature), 1e-4, level)
     with _recorded(fused, launches):
-        out, _, _, key_max = fused._forward(q, k, v, None, proj, proj, int(feature), 1e-4)
-        fused._backward(torch.randn_like(out), q, k, v, None, proj, proj, out, None, None, key_max, int(feature), 1e-4)
+        out, _, _, key_max = fused._forward_with(plan, q, k, v, None, proj, proj, int(feature))
+        grad = torch.randn_like(out)
+        fused._backward_with(plan, grad, q, k, v, None, proj, proj, out, None, None, key_max, int(feature))
     unique = {(launch.kernel, tuple(sorted(launch.kwargs.items()))): launch for launch in launches}
     return list(unique.values())
 
@@ -148,9 +153,10 @@ def _ptxas_report(ptx: str, arch: int) -> str:
         return subprocess.run(command, capture_output=True, text=True, check=True).stderr
 
 
-def resources(name: str, arch: int = 90, kernels: tuple[str, ...] = KERNELS) -> list[Resources]:
+def resources(name: str, arch: int = 90, kernels: tuple[str, ...] = KERNELS, level: int = 0) -> list[Resources]:
     feature_name, features = MAPS[name]
-    return [compile_launch(launch, arch) for launch in record(feature_name, features) if launch.kernel in kernels]
+    launches = record(feature_name, features, level=level)
+    return [compile_launch(launch, arch) for launch in launches if launch.kernel in kernels]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,14 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT))
     parser.add_argument("--maps", nargs="+", choices=tuple(MAPS), default=tuple(MAPS))
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS, help="default: every one launched")
+    parser.add_argument("--level", type=int, default=0, help="the plan's shrink level, as a smaller GPU gets (0-4)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         parser.error("TRITON_INTERPRET=1 interprets the kernels; unset it to compile them")
     limit, over = SHARED_LIMIT[args.arch], []
-    print(f"sm_{args.arch}, ZOO_FUSED_CONFIG={os.environ.get('ZOO_FUSED_CONFIG', '')!r}, shared limit {limit} bytes")
+    config = os.environ.get("ZOO_FUSED_CONFIG", "")
+    print(f"sm_{args.arch}, level {args.level}, ZOO_FUSED_CONFIG={config!r}, shared limit {limit} bytes")
     print("| map | kernel | warps | registers | spilled bytes | shared bytes |\n|---|---|---|---|---|---|")
     for name in args.maps:
-        for found in resources(name, args.arch, tuple(args.kernels)):
+        for found in resources(name, args.arch, tuple(args.kernels), args.level):
             print(f"| {name} | {found.kernel} | {found.warps} | {found.registers} | {found.spilled} | {found.shared} |")
             if found.shared > limit:
                 over.append(f"{name} {found.kernel} ({found.shared} bytes)")

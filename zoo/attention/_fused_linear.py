@@ -54,6 +54,7 @@ from torch import Tensor
 try:
     import triton
     import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 except ImportError:  # pragma: no cover - triton ships with torch's Linux wheels
     triton = None
 
@@ -629,10 +630,17 @@ def _parse_config(entry: str, config: str) -> _Config:
     return _Config(rows, warps, dot, chunk)
 
 
-class _Plan:
-    """Block sizes, split counts, feature chunks and the constants of one call."""
+# What a plan gives up, level by level, when a kernel asks for more shared memory than the GPU has (`_fitted`):
+# pipelining (one stage: each loaded tile buffered once), then the features whole (64 columns at a time, hedgehog
+# by halves), then half the rows of a tile, twice. On sm_86 / sm_89 (99 KB) performer's backward needs level 1.
+_SHRINK_LEVELS = 4
 
-    def __init__(self, q: Tensor, v: Tensor, features: int, kind: int, eps: float) -> None:
+
+class _Plan:
+    """Block sizes, split counts, feature chunks and the constants of one call; `level` (0 to `_SHRINK_LEVELS`)
+    shrinks what the kernels hold, for GPUs with less shared memory."""
+
+    def __init__(self, q: Tensor, v: Tensor, features: int, kind: int, eps: float, level: int = 0) -> None:
         b, h, n, d = q.shape
         self.h, self.n, self.d, self.e, self.r = h, n, d, v.shape[-1], features
         self.block_d, self.block_e = _pow2(d), _pow2(self.e)
@@ -651,6 +659,12 @@ class _Plan:
             self.block_n, self.warps = override.rows, override.warps
             if override.dot and self.prec != "ieee":
                 self.prec = override.dot
+        # 256 features at once: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200 has 227)
+        self.stages = 1 if self.block_c >= 256 or level >= 1 else None
+        if level >= 2 and self.chunks == 1 and self.block_c > 32:
+            self._chunk(kind, min(_CHUNK, self.block_c // 2))
+        if level >= 3:
+            self.block_n = max(16, self.block_n >> (level - 2))
         n_tiles = triton.cdiv(n, self.block_n)
         splits = max(1, min(n_tiles, _programs(q.device) // (b * h)))
         self.tiles = triton.cdiv(n_tiles, splits)
@@ -685,9 +699,7 @@ class _Plan:
             "BLOCK_C": self.block_c,
             "PREC": self.prec,
             "num_warps": self.warps,
-            # 256 features at once: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200
-            # has 227)
-            **({"num_stages": 1} if self.block_c >= 256 else {}),
+            **({"num_stages": self.stages} if self.stages else {}),
         }
 
     def constants(self) -> tuple:
@@ -746,9 +758,38 @@ def _state(k, v, keep, proj_k, plan: _Plan, key_max: Tensor | None = None) -> tu
     return state, total, key_max
 
 
+# (device, feature map, features, head dim, value dim, dtype) -> the shrink level whose kernels fit that GPU
+_FITTED: dict[tuple, int] = {}
+
+
+def _fitted(run, q: Tensor, v: Tensor, features: int, kind: int, eps: float):
+    """`run(plan)` with the first plan, from the level that fitted last time, whose kernels the GPU can launch:
+    triton refuses a kernel that asks for more shared memory than the device has before it runs, and the
+    buffers `run` fills are its own, so a refused attempt leaves nothing behind."""
+    key = (q.device, kind, features, q.shape[-1], v.shape[-1], q.dtype)
+    level = _FITTED.get(key, 0)
+    while True:
+        try:
+            result = run(_Plan(q, v, features, kind, eps, level))
+        except OutOfResources as error:
+            if level == _SHRINK_LEVELS:
+                raise RuntimeError(
+                    f"the fused linear-attention kernels do not fit this GPU's shared memory even at their smallest "
+                    f"({error}); ZOO_FUSED=0 runs the torch path"
+                ) from error
+            level += 1
+            continue
+        _FITTED[key] = level
+        return result
+
+
 def _forward(q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
+    return _fitted(lambda plan: _forward_with(plan, q, k, v, keep, proj_q, proj_k, kind), q, v,
+                   _features(proj_q, q, kind), kind, eps)  # fmt: skip
+
+
+def _forward_with(plan: _Plan, q, k, v, keep, proj_q, proj_k, kind: int):
     b, h, n, d = q.shape
-    plan = _Plan(q, v, _features(proj_q, q, kind), kind, eps)
     state, total, key_max = _state(k, v, keep, proj_k, plan)
     out = q.new_empty(b, n, h, plan.e).permute(0, 2, 1, 3)  # [b, h, n, e] laid out as [b, n, h, e] for proj
     _output_kernel[(b * h, plan.n_tiles)](
@@ -764,8 +805,14 @@ def _heads(packed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _backward(grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind: int, eps: float):
+    def run(plan: _Plan):
+        return _backward_with(plan, grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind)
+
+    return _fitted(run, q, v, _features(proj_q, q, kind), kind, eps)
+
+
+def _backward_with(plan: _Plan, grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind: int):
     b, h, n, d = q.shape
-    plan = _Plan(q, v, _features(proj_q, q, kind), kind, eps)
     if state is None:
         state, total, _ = _state(k, v, keep, proj_k, plan, key_max)
     # one buffer laid out like the qkv projection's output: `SplitHeads` hands it on as qkv's gradient, no copy
