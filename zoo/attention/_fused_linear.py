@@ -188,6 +188,13 @@ if triton is not None:
         return grad_pre
 
     @triton.jit
+    def _feature_grad(left, state, shift, rows_ok, feats_ok, PREC: tl.constexpr):
+        """d phi `[w, C]` of a chunk: `left S^T + shift` (queries: dnum S^T + dden z; keys: v dS^T + dz), zero
+        outside `rows_ok` `[w]` and `feats_ok` `[C]`, as `_pre_grad` needs it."""
+        grad_phi = _dot(left, tl.trans(state), PREC) + shift
+        return tl.where(rows_ok[:, None] & feats_ok[None, :], grad_phi, 0.0)
+
+    @triton.jit
     def _x_grad(x, proj, grad_pre, hsq_scale, KIND: tl.constexpr, PREC: tl.constexpr):
         """One chunk's share of dx `[w, D]` from its d pre: the chunks' shares add up to dx."""
         if KIND == 0:
@@ -422,8 +429,7 @@ if triton is not None:
                     state, total = _load_state(S, Z, bh, feats, feats_ok, cols_e, r, e)
                     pre = _pre(x, proj, KIND, PREC)
                     phi = _phi(x, pre, rows_ok, feats, feats_ok, r, top, hsq_scale, floor, log_half_r, KIND)
-                grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
-                grad_phi = tl.where(rows_ok[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_phi = _feature_grad(grad_num, state, grad_den[:, None] * total[None, :], rows_ok, feats_ok, PREC)
                 grad_pre = _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND)
                 grad_x += _x_grad(x, proj, grad_pre, hsq_scale, KIND, PREC)
                 if CHUNKS == 1:
@@ -490,8 +496,7 @@ if triton is not None:
             grad_state += _dot(tl.trans(phi), grad_num, PREC)
             grad_total += tl.sum(phi * grad_den[:, None], 0)
             if LEARNED:
-                grad_phi = _dot(grad_num, tl.trans(state), PREC) + grad_den[:, None] * total[None, :]
-                grad_phi = tl.where(rows_ok[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_phi = _feature_grad(grad_num, state, grad_den[:, None] * total[None, :], rows_ok, feats_ok, PREC)
                 grad_proj += _dot(tl.trans(x), _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND), PREC)
         _add_state(DS, DZ, bh, grad_state, grad_total, feats, feats_ok, cols_e, r, e)
         if LEARNED:
@@ -527,8 +532,7 @@ if triton is not None:
                 pre = _pre(x, proj, KIND, PREC)
                 phi = _phi(x, pre, kept, feats, feats_ok, r, offset, hsq_scale, floor, log_half_r, KIND)
                 grad_v += _dot(phi, grad_state, PREC)
-                grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
-                grad_phi = tl.where(kept[:, None] & feats_ok[None, :], grad_phi, 0.0)
+                grad_phi = _feature_grad(values, grad_state, grad_total[None, :], kept, feats_ok, PREC)
                 grad_pre = _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND)
                 grad_x += _x_grad(x, proj, grad_pre, hsq_scale, KIND, PREC)
                 if LEARNED and CHUNKS == 1:
@@ -560,8 +564,7 @@ if triton is not None:
             kept = _kept_rows(KEEP, b, rows, n, HAS_MASK)
             pre = _pre(x, proj, KIND, PREC)
             phi = _phi(x, pre, kept, feats, feats_ok, r, 0.0, hsq_scale, floor, log_half_r, KIND)
-            grad_phi = _dot(values, tl.trans(grad_state), PREC) + grad_total[None, :]
-            grad_phi = tl.where(kept[:, None] & feats_ok[None, :], grad_phi, 0.0)
+            grad_phi = _feature_grad(values, grad_state, grad_total[None, :], kept, feats_ok, PREC)
             grad_proj += _dot(tl.trans(x), _pre_grad(phi, pre, grad_phi, feats, r, floor, log_half_r, KIND), PREC)
         _add_proj_grad(DP, h, grad_proj, cols_d, feats, feats_ok, d, r)
 
@@ -784,8 +787,10 @@ def _fitted(run, q: Tensor, v: Tensor, features: int, kind: int, eps: float):
 
 
 def _forward(q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
-    return _fitted(lambda plan: _forward_with(plan, q, k, v, keep, proj_q, proj_k, kind), q, v,
-                   _features(proj_q, q, kind), kind, eps)  # fmt: skip
+    def run(plan: _Plan):
+        return _forward_with(plan, q, k, v, keep, proj_q, proj_k, kind)
+
+    return _fitted(run, q, v, _features(proj_q, q, kind), kind, eps)
 
 
 def _forward_with(plan: _Plan, q, k, v, keep, proj_q, proj_k, kind: int):
