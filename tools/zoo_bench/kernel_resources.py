@@ -160,20 +160,28 @@ def resources(name: str, arch: int = 90, kernels: tuple[str, ...] = KERNELS, lev
 
 
 def main(argv: list[str] | None = None) -> int:
+    from zoo.attention._fused_linear import _SHRINK_LEVELS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT))
     parser.add_argument("--maps", nargs="+", choices=tuple(MAPS), default=tuple(MAPS))
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=KERNELS, help="default: every one launched")
-    parser.add_argument("--level", type=int, default=0, help="the plan's shrink level, as a smaller GPU gets (0-4)")
+    parser.add_argument(
+        "--level", type=int, default=0, choices=range(_SHRINK_LEVELS + 1), help="the shrink level a smaller GPU gets"
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         parser.error("TRITON_INTERPRET=1 interprets the kernels; unset it to compile them")
+    try:
+        found_by_map = {name: resources(name, args.arch, tuple(args.kernels), args.level) for name in args.maps}
+    except ValueError as error:  # a ZOO_FUSED_CONFIG the kernels refuse: its message names the entry
+        parser.error(str(error))
     limit, over = SHARED_LIMIT[args.arch], []
     config = os.environ.get("ZOO_FUSED_CONFIG", "")
     print(f"sm_{args.arch}, level {args.level}, ZOO_FUSED_CONFIG={config!r}, shared limit {limit} bytes")
     print("| map | kernel | warps | registers | spilled bytes | shared bytes |\n|---|---|---|---|---|---|")
-    for name in args.maps:
-        for found in resources(name, args.arch, tuple(args.kernels), args.level):
+    for name, found_all in found_by_map.items():
+        for found in found_all:
             print(f"| {name} | {found.kernel} | {found.warps} | {found.registers} | {found.spilled} | {found.shared} |")
             if found.shared > limit:
                 over.append(f"{name} {found.kernel} ({found.shared} bytes)")
