@@ -7,14 +7,17 @@
 # 1. Wheels carried in $WHEELS (default .whl) are installed into $SITE (default /tmp/site), which goes first on
 #    PYTHONPATH: a package the machine lacks, or another version of one.
 # 2. The machine: nvidia-smi -L (where there is one), Python, torch, CUDA and triton versions.
-# 3. The fused kernels' block sizes (`zoo_bench.kernel_configs`, at most $KERNEL_TIMEOUT s, the maps in
-#    $KERNEL_MAPS, default all) into $OUT; the fastest of each map swept are exported as ZOO_FUSED_CONFIG for what
-#    follows. A map the sweep did not finish keeps the kernels' own block sizes: the fused kernels stay on (a lease
-#    that turned them off measured the torch paths in their place).
+# 3. With $KERNEL_TIMEOUT > 0, the fused kernels' block sizes (`zoo_bench.kernel_configs`, the maps in
+#    $KERNEL_MAPS, default all; about 20 s a configuration) into $OUT; the fastest of each map swept are exported as
+#    ZOO_FUSED_CONFIG for what follows. A map the sweep did not finish keeps the kernels' own block sizes: the fused
+#    kernels stay on (a lease that turned them off measured the torch paths in their place).
+# 3a. The fused kernels kernel by kernel (`zoo_bench.kernel_profile`, at most $PROFILE_TIMEOUT s) into $OUT.
 # 3b. `make device-check` into $OUT/check, stopped after $CHECK_TIMEOUT s (its report is rewritten after every item,
 #    so a run cut short keeps what finished). The folder is then packed into $OUT/check.tar.gz, its device_check.md
 #    and device_check.json left beside it.
-# 4. `make device-test`, stopped after $TEST_TIMEOUT s; its output in $OUT/test.log too. Unless DEVICE_TEST_ARGS is
+# 4. `make device-test`, stopped after $TEST_TIMEOUT s (default 0: a second call, `PROFILE_TIMEOUT=0 CHECK_TIMEOUT=0
+#    TEST_TIMEOUT=330 bash tools/device_lease.sh`, right after the first while the machine is warm); its output in
+#    $OUT/test.log too. Unless DEVICE_TEST_ARGS is
 #    set (empty: every test, one process), the tests marked slow are left out (multi-process CPU runs by design,
 #    Inductor's C++ builds) and the rest run in 8 processes where pytest-xdist is installed.
 # 5. With $TRAIN_TIMEOUT > 0, `make device-train` into $OUT (device_train.json, device_train.md).
@@ -23,17 +26,20 @@
 #    tests run with ZOO_FLA=0).
 # A step whose timeout is 0 is skipped. $DEVICE (cuda; cpu for toy sizes) and the make variables (DEVICE_SCALE,
 # DEVICE_PARTS, DEVICE_TESTS, DEVICE_TEST_ARGS, DEVICE_TRAIN_SECONDS, ...) pass through the environment. Everything
-# printed goes to $OUT/lease.log too: at most 7 files in all. The exit status is 0 when every step exited 0.
+# printed goes to $OUT/lease.log too: 6 files with the default steps (the device tool brings back 8). The exit
+# status is 0 when every step exited 0.
 set -u -o pipefail
 
 OUT=${OUT:-$PWD/device-check/lease}
 DEVICE=${DEVICE:-cuda}
-# the defaults fit one device call of 600 s: on an H200 the whole check took 283 s with a 50 s compile part (now 100)
-KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-60}
+# the defaults fit one device call of 600 s: on an H200 the profile took 60 s, and the check's parts 15 + 147 + 64 +
+# 86 s before the long part (45) and flex (25), with about 20 s of start-up; the tests need a call of their own
+KERNEL_TIMEOUT=${KERNEL_TIMEOUT:-0}
 KERNEL_MAPS=${KERNEL_MAPS:-}
-CHECK_TIMEOUT=${CHECK_TIMEOUT:-360}
+PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-80}
+CHECK_TIMEOUT=${CHECK_TIMEOUT:-450}
 FLA_TIMEOUT=${FLA_TIMEOUT:-0}
-TEST_TIMEOUT=${TEST_TIMEOUT:-150}
+TEST_TIMEOUT=${TEST_TIMEOUT:-0}
 TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-0}
 WHEELS=${WHEELS:-.whl}
 SITE=${SITE:-/tmp/site}
@@ -138,6 +144,10 @@ lease() {
             export ZOO_FUSED_CONFIG=$chosen
         fi
         echo "ZOO_FUSED_CONFIG=${ZOO_FUSED_CONFIG:-} (a map not named keeps the kernels' own block sizes)"
+    fi
+    if [ "$DEVICE" = cuda ]; then
+        step kernel-profile "$PROFILE_TIMEOUT" - env PYTHONPATH=".:tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
+            -m zoo_bench.kernel_profile --out "$OUT" --steps 5 || status=1
     fi
     export ZOO_FLA=0
     step device-check "$CHECK_TIMEOUT" - make -s device-check DEVICE="$DEVICE" DEVICE_OUT="$OUT/check" || status=1

@@ -19,7 +19,7 @@ DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
 # The variants and options whose non-causal mode the fused kernels compute: every feature map they hold.
 # `performer` and `hedgehog-wide` hold their features in chunks (`CHUNKED`), as 256 random features are by default;
-# the others, and every case of `test_bf16_products_stay_close_to_fp32`, whole.
+# the others, and every case of `test_tf32_products_stay_close_to_fp32`, whole.
 FUSED = {
     "linear": ("linear", {}),
     "performer": ("performer", {"nb_features": 24}),
@@ -193,10 +193,10 @@ def test_compiled_module_has_no_graph_break_and_equals_eager():
 
 
 @pytest.mark.parametrize("case", ["linear", "performer", "hedgehog"])
-def test_bf16_products_stay_close_to_fp32(case, monkeypatch):
-    """`ZOO_FUSED_CONFIG=rows:warps:bf16`: the kernels' products take bf16 operands (fp32 sums) under bf16 autocast;
-    output and gradients within bf16's rounding of the fp32 torch path, all finite."""
-    monkeypatch.setenv("ZOO_FUSED_CONFIG", "32:4:bf16")
+def test_tf32_products_stay_close_to_fp32(case, monkeypatch):
+    """`ZOO_FUSED_CONFIG=rows:warps:tf32`: under bf16 autocast the kernels' products take tf32 operands instead of
+    their default bf16 ones; output and gradients within bf16's rounding of the fp32 torch path, all finite."""
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "32:4:tf32")
     name, options = FUSED[case]
     module = builders.make(name, DIM, HEADS, **options)
     reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
@@ -217,9 +217,15 @@ def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
     default = fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0)
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "64:8")
     assert (fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0).block_n, default.block_n) == (64, 64)
+    half, fp16 = q.to(torch.bfloat16), q.to(torch.float16)
+    # by default bf16 operands for bf16 inputs, tf32 for fp16 ones (bf16 would cut their mantissa), exact for fp32
+    monkeypatch.delenv("ZOO_FUSED_CONFIG")
+    precisions = [fused._Plan(x, x, 16, fused.Feature.FAVOR, 0.0).prec for x in (half, fp16, q)]
+    assert precisions == ["bf16", "tf32", "ieee"]
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8:tf32")
+    assert fused._Plan(half, half, 16, fused.Feature.FAVOR, 0.0).prec == "tf32"
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8:bf16")
-    half = q.to(torch.bfloat16)
-    assert fused._Plan(half, half, 16, fused.Feature.FAVOR, 0.0).prec == "bf16"
+    assert fused._Plan(fp16, fp16, 16, fused.Feature.FAVOR, 0.0).prec == "bf16"
     assert fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).prec == "ieee"  # fp32 inputs keep exact products
     for bad in ("favor=64", "favor=32:8:fp8", "favor=a:b", "favor=64:4::24", "favor=64:4::8", "favor=64:4:::"):
         monkeypatch.setenv("ZOO_FUSED_CONFIG", bad)

@@ -95,6 +95,7 @@ def test_the_lease_runs_the_check_and_the_tests_and_returns_at_most_8_files(tmp_
     proc, out = _lease(
         tmp_path,
         DEVICE_PARTS="correctness",
+        TEST_TIMEOUT="120",
         DEVICE_TEST_ARGS="",
         # a test whose module imports no more than torch: the plumbing is checked, not zoo
         DEVICE_TESTS="tests/test_layers.py::test_a_new_top_level_folder_has_no_layer_until_listed",

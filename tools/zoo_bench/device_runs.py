@@ -67,14 +67,11 @@ RATIOS = (
     ("window2d + global vs softmax, both at 2048 px", "vit_window2d_global_2048", "vit_softmax_2048"),
 )
 # Layouts timed right after their recipe, to choose between on GPU numbers (run -> recipe stem, overrides):
-# window2d + global in 16 x 16 windows (the 64 x 64 grid without padding: FlexAttention's blocks all full, not 155
-# partial of 167 as at 14), on FlexAttention and on the torch path (no padding, no mask: SDPA's flash kernel)
+# window2d + global in ViTDet's 14 x 14 windows (the grid padded to 70 x 70: 155 of FlexAttention's 167 blocks
+# partial), and in the recipe's 16 x 16 on the torch path (no padding, no mask: SDPA's flash kernel)
 VARIANTS = {
-    "vit_window2d_global_w16_1024": ("vit_window2d_global_1024", ("model.attention.options.window=16",)),
-    "vit_window2d_global_w16_torch_1024": (
-        "vit_window2d_global_1024",
-        ("model.attention.options.window=16", "model.attention.options.backend=torch"),
-    ),
+    "vit_window2d_global_w14_1024": ("vit_window2d_global_1024", ("model.attention.options.window=14",)),
+    "vit_window2d_global_torch_1024": ("vit_window2d_global_1024", ("model.attention.options.backend=torch",)),
 }
 # ListOps and Path-X ship with softmax: their partner is linear
 PARTNER_OF_SOFTMAX = "linear"

@@ -31,9 +31,10 @@ FEATURES = {
     "linear": ("linear", {}, "elu"),
 }
 # rows:warps[:dot[:chunk]] (`_fused_linear._config_override`): `::64` holds 64 features at a time (hedgehog: its
-# halves), `::0` all at once (performer's 256, hedgehog's 2 x 64: the layout of the first H200 runs); linear's
-# elu + 1 is always whole
-CONFIGS = ("64:8::64", "32:8::0", "64:4::64", "64:8:bf16:64", "32:4::64", "32:8:bf16:0")
+# halves), `::0` all at once (performer's 256, hedgehog's 2 x 64); linear's elu + 1 is always whole. An empty dot is
+# bf16 operands under bf16 autocast (the kernels' default since the H200 profile: each map's fastest), `tf32` the
+# earlier default. About 20 s a configuration on an H200, compiling included
+CONFIGS = ("64:8::64", "32:8::0", "64:4::64", "32:4::64", "128:8::64", "64:8:tf32:64")
 # (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
 SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
 # The CPU rehearsal (Triton's interpreter): the same shapes' roles at toy sizes

@@ -605,7 +605,7 @@ class _Config(typing.NamedTuple):
 def _config_override(kind: int) -> _Config | None:
     """`ZOO_FUSED_CONFIG`: `rows:warps[:dot[:chunk]]` for every feature map, or per map, `elu=64:4,favor=32:8:bf16`
     (the names of `Feature`, lower case): tile rows, warps, for half-precision inputs the products' precision (tf32,
-    the default, or bf16 operands with fp32 sums; empty for the default), and the feature columns a kernel holds at
+    or bf16 operands with fp32 sums; empty for `_default_precision`'s), and the feature columns a kernel holds at
     once (a power of two from 16, or 0 for all; HEDGEHOG's chunks are its two halves whatever the number), for a
     sweep (`zoo_bench.kernel_configs`)."""
     text = os.environ.get("ZOO_FUSED_CONFIG", "")
@@ -633,6 +633,16 @@ def _parse_config(entry: str, config: str) -> _Config:
     return _Config(rows, warps, dot, chunk)
 
 
+def _default_precision(dtype: torch.dtype) -> str:
+    """The products' operands: exact fp32 for fp32 inputs; bf16 (fp32 sums) for bf16 inputs, as FlashAttention
+    multiplies its bf16 probabilities (on an H200, one ViT-S layer at 1024 px, forward + backward: linear 3.93 ms
+    against 4.81 in tf32, hedgehog 7.05 against 7.63, performer 9.23 against 10.45 at its fastest tf32 tiles;
+    `benchmarks/nvidia-h200/chunked/kernel_profile.md`); tf32 for fp16 inputs, whose 10-bit mantissa bf16 would cut."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "bf16" if dtype == torch.bfloat16 else "tf32"
+
+
 # What a plan gives up, level by level, when a kernel asks for more shared memory than the GPU has (`_fitted`):
 # pipelining (one stage: each loaded tile buffered once), then the features whole (64 columns at a time, hedgehog
 # by halves), then half the rows of a tile, twice. On sm_86 / sm_89 (99 KB) performer's backward needs level 1.
@@ -656,8 +666,7 @@ class _Plan:
         # Chunked kernels carry x, dx and dv across the chunks: 8 warps halve each thread's share (ptxas on sm_90,
         # 256 features: 680 and 304 bytes spilled in the query and key backward, against 1,776 and 1,076 at 4)
         self.warps = 4 if self.block_c * self.block_e <= 64 * 64 and self.chunks == 1 else 8
-        # tf32 where the inputs are half precision anyway; exact fp32 products for fp32 inputs
-        self.prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        self.prec = _default_precision(q.dtype)
         if override.rows:
             self.block_n, self.warps = override.rows, override.warps
             if override.dot and self.prec != "ieee":

@@ -306,6 +306,6 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     The half-split pairing (GPT-NeoX) rather than RoFormer's interleaved pairs: the same rotation up to a fixed
     permutation of channels, without strided indexing (timm's `half` layout, `apply_rot_embed`). `q.k` then depends on
     positions only through `i - j`. The rotation runs in the tables' float32 (or `x`'s wider dtype), cast back to
-    `x`'s dtype.
+    `x`'s dtype (cast here: timm 1.0.29's `apply_rot_embed` returns the promoted float32, 1.0.31's casts back).
     """
-    return apply_rot_embed(x, sin, cos, half=True)
+    return apply_rot_embed(x, sin, cos, half=True).to(x.dtype)

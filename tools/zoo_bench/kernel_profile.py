@@ -1,0 +1,182 @@
+"""Where a fused linear-family layer spends its GPU time, kernel by kernel (`zoo.attention._fused_linear`).
+
+`python -m zoo_bench.kernel_profile --out DIR` runs forward + backward of one attention layer (projections
+included, bf16 autocast, ViT-S/16 at 1024 px: batch 32, 4,097 tokens, dim 384, 6 heads) under `torch.profiler` for
+each (variant, `ZOO_FUSED_CONFIG`) in `CASES`, SDPA's layer first, and writes `kernel_profile.json` / `.md` after
+every case: each kernel's device ms per step and share of the step, with the registers, spilled bytes and shared
+memory that Triton compiled it with on this GPU (where its cache exposes them). The wall ms per step is the median
+of the timed steps outside the profiler. `kernel_configs` says which configuration is fastest; this says why.
+On the CPU (`--device cpu`, with `TRITON_INTERPRET=1` set) the same cases run at toy sizes through Triton's
+interpreter, without device times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from zoo.attention import _fused_linear, create_attention
+from zoo.attention._fused_linear import force_fused
+
+from .kernel_configs import FEATURES
+
+# (label, variant, ZOO_FUSED_CONFIG or "" for the kernels' own block sizes): each map at its defaults, then the
+# layouts and the tf32 products it had before the first profile
+CASES = (
+    ("sdpa", "softmax", ""),
+    ("performer", "performer", ""),
+    ("performer", "performer", "favor=32:8::0"),
+    ("performer", "performer", "favor=128:8::64"),
+    ("performer", "performer", "favor=64:8:tf32:64"),
+    ("hedgehog", "hedgehog", ""),
+    ("hedgehog", "hedgehog", "hedgehog=32:8:tf32:0"),
+    ("linear", "linear", ""),
+    ("linear", "linear", "elu=64:4:tf32"),
+)
+SHAPE = (32, 4097, 384, 6)  # batch, tokens, dim, heads
+CPU_SHAPE = (2, 65, 64, 1)
+
+
+def _options(variant: str) -> dict:
+    return next((options for name, options, _ in FEATURES.values() if name == variant), {})
+
+
+def _step(module, x, grad, device: str) -> None:
+    forced = force_fused() if device == "cpu" else contextlib.nullcontext()
+    with forced, torch.autocast(device, dtype=torch.bfloat16):
+        out = module(x)
+    out.backward(grad)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _compiled_resources() -> dict[str, dict]:
+    """Each fused kernel's registers, spills and shared memory as compiled on this device (the last compiled
+    variant of each), from the Triton JIT caches; {} where this Triton keeps them elsewhere."""
+    resources = {}
+    for name in dir(_fused_linear):
+        kernel = getattr(_fused_linear, name)
+        caches = getattr(kernel, "device_caches", None)
+        if not name.endswith("_kernel") or not isinstance(caches, dict):
+            continue
+        for cache in caches.values():
+            compiled = cache[0] if isinstance(cache, tuple) else cache
+            for binary in compiled.values() if isinstance(compiled, dict) else ():
+                metadata = getattr(binary, "metadata", None)
+                resources[name] = {
+                    "registers": getattr(binary, "n_regs", None),
+                    "spills": getattr(binary, "n_spills", None),
+                    "shared": getattr(metadata, "shared", None),
+                    "warps": getattr(metadata, "num_warps", None),
+                    "stages": getattr(metadata, "num_stages", None),
+                }
+    return resources
+
+
+def profile_case(variant: str, config: str, device: str, steps: int) -> dict:
+    """Wall ms per step (median) and device ms per step for each kernel of one layer under `config`."""
+    batch, n, dim, heads = SHAPE if device == "cuda" else CPU_SHAPE
+    os.environ["ZOO_FUSED_CONFIG"] = config
+    try:
+        module = create_attention(variant, dim, heads, **_options(variant)).to(device)
+        x = torch.randn(batch, n, dim, device=device).requires_grad_()
+        grad = torch.randn(batch, n, dim, device=device)
+        for _ in range(3 if device == "cuda" else 1):
+            _step(module, x, grad, device)
+        times = []
+        for _ in range(steps):
+            _sync(device)
+            start = time.perf_counter()
+            _step(module, x, grad, device)
+            _sync(device)
+            times.append(1e3 * (time.perf_counter() - start))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                _step(module, x, grad, device)
+            _sync(device)
+        kernels: dict[str, float] = defaultdict(float)
+        for event in prof.key_averages():
+            # the kernels themselves: an operator's row would count its kernels' time a second time
+            device_us = getattr(event, "self_device_time_total", 0) or 0
+            if device_us > 0 and str(event.device_type).endswith("CUDA"):
+                kernels[event.key[:90]] += device_us / 1e3 / steps
+        return {
+            "wall_ms": sorted(times)[len(times) // 2],
+            "kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
+            "resources": _compiled_resources() if device == "cuda" else {},
+        }
+    except Exception as error:  # noqa: BLE001 - recorded, and the profile goes on
+        return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    finally:
+        os.environ.pop("ZOO_FUSED_CONFIG", None)
+
+
+def markdown(results: dict) -> str:
+    batch, n, dim, heads = results["shape"]
+    lines = [
+        "# Fused kernels, kernel by kernel",
+        "",
+        f"One layer's forward + backward on {results['device']} ({results['name']}), bf16 autocast, batch {batch}, "
+        f"{n:,} tokens, dim {dim}, {heads} heads; ms per step. Written by `zoo_bench.kernel_profile`.",
+    ]
+    for case in results["cases"]:
+        lines += ["", f"## {case['label']} `{case['config'] or 'default'}`", ""]
+        if "error" in case:
+            lines.append(f"error: {case['error']}")
+            continue
+        total = sum(case["kernels_ms"].values())
+        lines += [
+            f"wall {case['wall_ms']:.2f} ms per step; kernels {total:.2f} ms",
+            "",
+            "| kernel | ms | share | registers | spills | shared B |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, ms in case["kernels_ms"].items():
+            res = next((r for k, r in case["resources"].items() if k in name), {})
+            cells = [res.get(key, "") for key in ("registers", "spills", "shared")]
+            lines.append(f"| {name} | {ms:.3f} | {ms / total:.0%} | " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run(device: str, out: Path, steps: int, labels: tuple[str, ...] = ()) -> dict:
+    name = torch.cuda.get_device_name() if device == "cuda" else "interpreter"
+    results = {"device": device, "name": name, "shape": list(SHAPE if device == "cuda" else CPU_SHAPE), "cases": []}
+    out.mkdir(parents=True, exist_ok=True)
+    for label, variant, config in CASES:
+        if labels and label not in labels:
+            continue
+        started = time.perf_counter()
+        case = {"label": label, "variant": variant, "config": config, **profile_case(variant, config, device, steps)}
+        results["cases"].append(case)
+        (out / "kernel_profile.json").write_text(json.dumps(results, indent=1))
+        (out / "kernel_profile.md").write_text(markdown(results))
+        print(f"{label} {config or 'default'}: {case.get('wall_ms', case.get('error'))} "
+              f"({time.perf_counter() - started:.1f} s)", flush=True)  # fmt: skip
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: toy sizes, interpreted")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--labels", nargs="+", default=(), help="default: every case in CASES")
+    args = parser.parse_args()
+    run(args.device, args.out, args.steps, tuple(args.labels))
+    print((args.out / "kernel_profile.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
