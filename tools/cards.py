@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Write docs/cards.md, one card per registered attention variant, from the committed results
-(tools/zoo_bench/cards.py): recall, ListOps, high-resolution images, conversion, CPU and GPU cost, GPU correctness;
+(tools/zoo_bench/cards.py): recall, ListOps, high-resolution images, conversion, CPU and GPU cost, ViT training at
+1024 px on a GPU, GPU correctness;
 and docs/choose.md, which attention to pick by setting, from the same results (tools/zoo_bench/choose.py).
 
     tools/cards.py                  # after any benchmark, leaderboard or sweep wrote new results

@@ -16,19 +16,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .cards import _facts, _load, beyond_noise
+from .cards import GPU_TRAIN, _facts, _load, beyond_noise
 from .machine import REPO_ROOT
 from .recall import summarize_cells
 
 __all__ = ["GPU_TRAIN", "LAYER_FILES", "choose_markdown", "write_choose"]
 
-# the GPU training checks, oldest first: each row's rate is against softmax's in the same file at the same tokens
-GPU_TRAIN = (
-    "benchmarks/nvidia-h100-80gb-hbm3/recheck/device_check.json",
-    "benchmarks/nvidia-h200/device_check.json",
-    "benchmarks/nvidia-h200/fused/train_check.json",
-    "benchmarks/nvidia-h200/all_recipes/device_check.json",
-)
 # one layer (dim 512, 8 heads), forward + backward: device -> files, a later file wins per variant and length
 LAYER_FILES = {
     "CPU": ("benchmarks/cpu/results.json",),
@@ -37,6 +30,7 @@ LAYER_FILES = {
         "benchmarks/nvidia-h100-80gb-hbm3/one_block/results.json",
         "benchmarks/nvidia-h200/fused/results.json",
         "benchmarks/nvidia-h200/all_recipes/results.json",
+        "benchmarks/nvidia-h200/chunked/results.json",
     ),
 }
 HIGHRES = "benchmarks/cpu/highres.json"
@@ -53,8 +47,9 @@ IMAGE_COMMAND = "make device-check DEVICE_OUT=benchmarks/<gpu>  (the train part:
 
 
 def _train_rows() -> list[dict[str, Any]]:
-    """Every GPU classifier training measurement: run, layout, variant, tokens, samples/s, the same file's softmax
-    rate, file. Segmentation runs (`seg_*`) are left out: their decoder's cost is not the classifier's."""
+    """Every GPU classifier training measurement in `GPU_TRAIN` (the checks the cards' column reads, oldest first):
+    run, layout, variant, tokens, samples/s, the same file's softmax rate at the same tokens, file. Segmentation
+    runs (`seg_*`) are left out: their decoder's cost is not the classifier's."""
     rows = []
     for path in GPU_TRAIN:
         data = _load(path)
