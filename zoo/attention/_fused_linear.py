@@ -20,7 +20,8 @@ kernels for sm_90 without a GPU; `tests/tools/test_kernel_resources.py` holds th
 
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
-registered, so `torch.compile` sees one opaque node and no graph break. Reductions over the sequence (the state,
+registered, so `torch.compile` sees one opaque node and no graph break; eagerly an autograd function calls the
+same Python bodies without the dispatcher's wrappers (`_EagerFusedAttention`). Reductions over the sequence (the state,
 its gradient, hedgehog's map gradients) are split over programs and added with fp32 atomics: the summation order,
 and so the last bits, vary from run to run on a GPU.
 
@@ -76,7 +77,9 @@ class Feature(enum.IntEnum):
 
 
 def _pow2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
+    """The power of two at or above x, at least 16 (`tl.dot`'s smallest side); in Python, as triton's
+    `next_power_of_2` is a jitted function whose every call from Python goes through a launcher."""
+    return max(16, 1 << (x - 1).bit_length())
 
 
 _FORCED = False
@@ -654,8 +657,12 @@ class _Plan:
     shrinks what the kernels hold, for GPUs with less shared memory."""
 
     def __init__(self, q: Tensor, v: Tensor, features: int, kind: int, eps: float, level: int = 0) -> None:
-        b, h, n, d = q.shape
-        self.h, self.n, self.d, self.e, self.r = h, n, d, v.shape[-1], features
+        self._build(tuple(q.shape), v.shape[-1], q.dtype, q.device, features, kind, eps, level)
+
+    def _build(self, shape: tuple, e: int, dtype: torch.dtype, device: torch.device, features: int, kind: int,
+               eps: float, level: int) -> None:  # fmt: skip
+        b, h, n, d = shape
+        self.h, self.n, self.d, self.e, self.r = h, n, d, e, features
         self.block_d, self.block_e = _pow2(d), _pow2(self.e)
         override = _config_override(kind) or _Config(0, 0)
         default_chunk = _CHUNK if kind in (Feature.FAVOR, Feature.RELU) else 0
@@ -666,7 +673,7 @@ class _Plan:
         # Chunked kernels carry x, dx and dv across the chunks: 8 warps halve each thread's share (ptxas on sm_90,
         # 256 features: 680 and 304 bytes spilled in the query and key backward, against 1,776 and 1,076 at 4)
         self.warps = 4 if self.block_c * self.block_e <= 64 * 64 and self.chunks == 1 else 8
-        self.prec = _default_precision(q.dtype)
+        self.prec = _default_precision(dtype)
         if override.rows:
             self.block_n, self.warps = override.rows, override.warps
             if override.dot and self.prec != "ieee":
@@ -677,10 +684,10 @@ class _Plan:
             self._chunk(kind, min(_CHUNK, self.block_c // 2))
         if level >= 3:
             self.block_n = max(16, self.block_n >> (level - 2))
-        n_tiles = triton.cdiv(n, self.block_n)
-        splits = max(1, min(n_tiles, _programs(q.device) // (b * h)))
-        self.tiles = triton.cdiv(n_tiles, splits)
-        self.splits = triton.cdiv(n_tiles, self.tiles)
+        n_tiles = _ceil_div(n, self.block_n)
+        splits = max(1, min(n_tiles, _programs(device) // (b * h)))
+        self.tiles = _ceil_div(n_tiles, splits)
+        self.splits = _ceil_div(n_tiles, self.tiles)
         self.n_tiles = n_tiles
         self.kind = kind
         self.hsq_scale = 0.5 * d**-0.5
@@ -700,7 +707,7 @@ class _Plan:
             half = self.r // 2
             self.chunks, self.block_c, self.chunk_stride, self.chunk_width = 2, _pow2(half), half, half
         else:
-            self.chunks, self.block_c = triton.cdiv(self.r, chunk), chunk
+            self.chunks, self.block_c = _ceil_div(self.r, chunk), chunk
             self.chunk_stride = self.chunk_width = chunk
 
     def blocks(self) -> dict:
@@ -719,6 +726,27 @@ class _Plan:
 
     def scalars(self) -> tuple:
         return self.hsq_scale, self.floor, self.log_half_r, self.proj_scale
+
+
+def _ceil_div(a: int, b: int) -> int:
+    # triton.cdiv is a jitted function: from Python each call goes through its launcher's argument handling
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(shape: tuple, e: int, dtype: torch.dtype, device: torch.device, features: int, kind: int,
+                 eps: float, level: int, config: str) -> _Plan:  # fmt: skip
+    """The `_Plan` of one call's shapes and `ZOO_FUSED_CONFIG` (`config`, so that a new setting takes effect): built
+    once, as a layer asks for it twice a step and building one costs the host more than launching a kernel."""
+    del config
+    plan = _Plan.__new__(_Plan)
+    plan._build(shape, e, dtype, device, features, kind, eps, level)
+    return plan
+
+
+def _plan(q: Tensor, v: Tensor, features: int, kind: int, eps: float, level: int) -> _Plan:
+    config = os.environ.get("ZOO_FUSED_CONFIG", "")
+    return _cached_plan(tuple(q.shape), v.shape[-1], q.dtype, q.device, features, kind, eps, level, config)
 
 
 def _strides(x: Tensor) -> tuple[int, int, int]:
@@ -782,7 +810,7 @@ def _fitted(run, q: Tensor, v: Tensor, features: int, kind: int, eps: float):
     level = _FITTED.get(key, 0)
     while True:
         try:
-            result = run(_Plan(q, v, features, kind, eps, level))
+            result = run(_plan(q, v, features, kind, eps, level))
         except OutOfResources as error:
             if level == _SHRINK_LEVELS:
                 raise RuntimeError(
@@ -934,36 +962,55 @@ def saves_state(n: int, features: int, value_dim: int) -> bool:
     return features * (value_dim + 1) <= n
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, keep, proj_q, proj_k, kind, eps = inputs
-    out, state, total, key_max = output
-    ctx.mark_non_differentiable(state, total, key_max)
+def _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind: int, eps: float, key_max) -> None:
     if not saves_state(q.shape[-2], state.shape[1], state.shape[2]):
         state = total = None
     ctx.save_for_backward(q, k, v, keep, proj_q, proj_k, out, state, total, key_max)
     ctx.kind, ctx.eps = kind, eps
 
 
-def _op_backward(ctx, grad_out, *_unused):
+def _input_grads(ctx, grad_out, backward) -> tuple:
+    """The op's inputs' gradients from the tensors `_saved` kept, through `backward` (`_backward` itself, or the
+    custom op around it)."""
     q, k, v, keep, proj_q, proj_k, out, state, total, key_max = ctx.saved_tensors
-    grad_qkv, grad_proj_q, grad_proj_k = _fused_backward_op(
+    grad_qkv, grad_proj_q, grad_proj_k = backward(
         grad_out, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, ctx.kind, ctx.eps
     )
-    grad_q, grad_k, grad_v = _heads(grad_qkv)
     learned = ctx.kind == Feature.HEDGEHOG
-    return (
-        grad_q,
-        grad_k,
-        grad_v,
-        None,
-        grad_proj_q.to(proj_q.dtype) if learned else None,
-        grad_proj_k.to(proj_k.dtype) if learned else None,
-        None,
-        None,
-    )
+    grad_maps = (grad_proj_q.to(proj_q.dtype), grad_proj_k.to(proj_k.dtype)) if learned else (None, None)
+    return (*_heads(grad_qkv), None, *grad_maps, None, None)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, keep, proj_q, proj_k, kind, eps = inputs
+    out, state, total, key_max = output
+    ctx.mark_non_differentiable(state, total, key_max)
+    _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind, eps, key_max)
+
+
+def _op_backward(ctx, grad_out, *_unused):
+    return _input_grads(ctx, grad_out, _fused_backward_op)
 
 
 _fused_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _EagerFusedAttention(torch.autograd.Function):
+    """The op's autograd outside `torch.compile`, calling the Python bodies of the custom ops straight away: the
+    dispatcher's custom-op and autograd wrappers cost about as much host time as the rest of the layer (0.3 ms of
+    0.6 a step on this project's CPU, kernels stubbed), which a small batch on a GPU waits for. Under compile the
+    custom op stays, one opaque node (Dynamo cannot trace an autograd function that takes one tensor twice, as
+    performer's projections are)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
+        out, state, total, key_max = _forward(q, k, v, keep, proj_q, proj_k, kind, eps)
+        _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind, eps, key_max)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _input_grads(ctx, grad_out, _backward)
 
 
 def fused_kernel_attention(
@@ -991,5 +1038,7 @@ def fused_kernel_attention(
             "is imported"
         )
     keep = None if mask is None else mask.to(torch.bool)
-    out, *_ = _fused_op(q, k, v, keep, proj_q, proj_k, int(feature), float(eps))
-    return out
+    if torch.compiler.is_compiling():
+        out, *_ = _fused_op(q, k, v, keep, proj_q, proj_k, int(feature), float(eps))
+        return out
+    return _EagerFusedAttention.apply(q, k, v, keep, proj_q, proj_k, int(feature), float(eps))
