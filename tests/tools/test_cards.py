@@ -274,3 +274,35 @@ def test_the_long_recall_answer_states_chance_and_the_softmax_control(monkeypatc
     assert "softmax 0.0010, linear 0.0020; L=4096 (100 steps; chance 0.0002; no softmax control): linear 0.0003" in text
     results["records"][0]["test"]["top1"] = 0.995
     assert "L=1024 (100 steps; chance 0.0010; softmax learned it): softmax 0.9950" in choose._long_recall()
+
+
+TRAIN = "GPU training at 1024 px"
+
+
+def test_the_gpu_training_column_reads_the_newest_check_that_trained_the_variant():
+    def run(name, attention, rate, tokens=4097):
+        return {"run": name, "attention": attention, "tokens": tokens, "samples_per_s": rate, "ok": True}
+
+    older = {"parts": {"train": {"items": [run("vit_softmax_1024", "softmax", 100.0), run("vit_vq_1024", "vq", 50.0)]}}}
+    newer = {
+        "parts": {
+            "train": {
+                "items": [
+                    run("vit_softmax_1024", "softmax", 200.0),
+                    run("vit_window2d_global_1024", "window2d", 190.0),
+                    run("vit_window2d_global_w16_1024", "window2d", 220.0),
+                    run("seg_window2d_1024", "window2d", 900.0),  # a decoder's cost: not read
+                    run("vit_linear_1024", "linear", 360.0),
+                ]
+            },
+            "compile": {"items": [{**run("vit_linear_1024", "linear", 450.0), "compile": "train.compile=true"}]},
+        }
+    }
+    # each variant against its own check's softmax; the newest check that trained it wins
+    assert cards._gpu_train([older, newer], "vq") == cards.Fact("0.50x (50.0 samples/s)", 0.5, "`vit_vq_1024`")
+    assert cards._gpu_train([older, newer], "linear").text == "1.80x (360.0 samples/s); compiled 2.25x"
+    fact = cards._gpu_train([older, newer], "window2d")
+    assert fact.text == "1.10x (220.0 samples/s `vit_window2d_global_w16_1024`)"
+    assert "training a ViT at 1024 px on a GPU (1.10x" in cards.pick_this_when("window2d", {TRAIN: fact})
+    assert "training a ViT" not in cards.pick_this_when("vq", {TRAIN: cards._gpu_train([older], "vq")})
+    assert cards._gpu_train([older, newer], "performer") is None
