@@ -15,9 +15,12 @@ def test_the_cpu_rehearsal_profiles_each_case_of_a_label_and_writes_after_each(t
         assert f"## linear `{config or 'default'}`" in (tmp_path / "kernel_profile.md").read_text()
 
 
-def test_a_case_takes_the_sweeps_options_for_its_variant():
-    assert kernel_profile._options("performer") == {"nb_features": 256}
-    assert kernel_profile._options("softmax") == {}
+def test_a_case_builds_its_layer_with_the_sweeps_options_and_a_grid_variant_over_the_class_token_and_grid():
+    performer = kernel_profile._module("performer", 65, 64, 2)
+    assert performer.nb_features == 256  # the sweep's, not the variant's default
+    window = kernel_profile._module("window2d:window=16,backend=torch", 4097, 64, 2)
+    assert (window.window, window.backend, window.num_prefix_tokens) == (16, "torch", 1)
+    assert tuple(window.grid_size) == (64, 64)
 
 
 def test_the_report_gives_each_kernel_its_share_and_its_compiled_resources():

@@ -2,10 +2,11 @@
 
 `python -m zoo_bench.kernel_profile --out DIR` runs forward + backward of one attention layer (projections
 included, bf16 autocast, ViT-S/16 at 1024 px: batch 32, 4,097 tokens, dim 384, 6 heads) under `torch.profiler` for
-each (variant, `ZOO_FUSED_CONFIG`) in `CASES`, SDPA's layer first, and writes `kernel_profile.json` / `.md` after
-every case: each kernel's device ms per step and share of the step, with the registers, spilled bytes and shared
-memory that Triton compiled it with on this GPU (where its cache exposes them). The wall ms per step is the median
-of the timed steps outside the profiler. `kernel_configs` says which configuration is fastest; this says why.
+each (variant, `ZOO_FUSED_CONFIG`) in `CASES`, SDPA's layer first, window2d's windowed layer last, and writes
+`kernel_profile.json` / `.md` after every case: each kernel's device ms per step and share of the step, with the
+registers, spilled bytes and shared memory that Triton compiled it with on this GPU (where its cache exposes them).
+The wall ms per step is the median of the timed steps outside the profiler. `kernel_configs` says which
+configuration is fastest; this says why.
 On the CPU (`--device cpu`, with `TRITON_INTERPRET=1` set) the same cases run at toy sizes through Triton's
 interpreter, without device times.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import time
 from collections import defaultdict
@@ -23,13 +25,17 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from zoo.attention import _fused_linear, create_attention
+from zoo.attention import _fused_linear, create_attention, get_attention
 from zoo.attention._fused_linear import force_fused
+from zoo.attention._grid import GridAttention
 
 from .kernel_configs import FEATURES
+from .recall import parse_variant
 
-# (label, variant, ZOO_FUSED_CONFIG or "" for the kernels' own block sizes): each map at its defaults, then the
-# layouts and the tf32 products it had before the first profile
+# (label, variant with options as `recall.parse_variant` reads them, ZOO_FUSED_CONFIG or "" for the kernels' own
+# block sizes): each fused map at its defaults, then the layouts and the tf32 products it had before the first
+# profile; window2d as vit_window2d_global_1024's windowed blocks run it (FlexAttention, then the torch path), whose
+# 8 windowed blocks cost about 7 ms each where their FLOPs say 3 (benchmarks/nvidia-h200/chunked)
 CASES = (
     ("sdpa", "softmax", ""),
     ("performer", "performer", ""),
@@ -40,13 +46,23 @@ CASES = (
     ("hedgehog", "hedgehog", "hedgehog=32:8:tf32:0"),
     ("linear", "linear", ""),
     ("linear", "linear", "elu=64:4:tf32"),
+    ("window2d", "window2d:window=16", ""),
+    ("window2d", "window2d:window=16,backend=torch", ""),
 )
-SHAPE = (32, 4097, 384, 6)  # batch, tokens, dim, heads
-CPU_SHAPE = (2, 65, 64, 1)
+SHAPE = (32, 4097, 384, 6)  # batch, tokens (a class token and a 64 x 64 grid), dim, heads
+CPU_SHAPE = (2, 65, 64, 1)  # a class token and an 8 x 8 grid
 
 
-def _options(variant: str) -> dict:
-    return next((options for name, options, _ in FEATURES.values() if name == variant), {})
+def _module(variant: str, n: int, dim: int, heads: int) -> torch.nn.Module:
+    """The layer of `variant` (`name:key=value,...`) with the sweep's options for its map; a grid variant over the
+    square grid of n - 1 patches after one class token."""
+    spec = parse_variant(variant)
+    options = next((options for name, options, _ in FEATURES.values() if name == spec.name), {})
+    options = {**options, **spec.options}
+    if issubclass(get_attention(spec.name), GridAttention):
+        side = math.isqrt(n - 1)
+        options.update(grid_size=(side, side), num_prefix_tokens=1)
+    return create_attention(spec.name, dim, heads, **options)
 
 
 def _step(module, x, grad, device: str) -> None:
@@ -89,7 +105,7 @@ def profile_case(variant: str, config: str, device: str, steps: int) -> dict:
     batch, n, dim, heads = SHAPE if device == "cuda" else CPU_SHAPE
     os.environ["ZOO_FUSED_CONFIG"] = config
     try:
-        module = create_attention(variant, dim, heads, **_options(variant)).to(device)
+        module = _module(variant, n, dim, heads).to(device)
         x = torch.randn(batch, n, dim, device=device).requires_grad_()
         grad = torch.randn(batch, n, dim, device=device)
         for _ in range(3 if device == "cuda" else 1):
