@@ -148,7 +148,7 @@ def markdown(results: dict) -> str:
         f"{n:,} tokens, dim {dim}, {heads} heads; ms per step. Written by `zoo_bench.kernel_profile`.",
     ]
     for case in results["cases"]:
-        lines += ["", f"## {case['label']} `{case['config'] or 'default'}`", ""]
+        lines += ["", f"## {case.get('variant', case['label'])} `{case['config'] or 'default'}`", ""]
         if "error" in case:
             lines.append(f"error: {case['error']}")
             continue
@@ -178,7 +178,7 @@ def run(device: str, out: Path, steps: int, labels: tuple[str, ...] = ()) -> dic
         results["cases"].append(case)
         (out / "kernel_profile.json").write_text(json.dumps(results, indent=1))
         (out / "kernel_profile.md").write_text(markdown(results))
-        print(f"{label} {config or 'default'}: {case.get('wall_ms', case.get('error'))} "
+        print(f"{variant} {config or 'default'}: {case.get('wall_ms', case.get('error'))} "
               f"({time.perf_counter() - started:.1f} s)", flush=True)  # fmt: skip
     return results
 
