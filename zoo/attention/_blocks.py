@@ -244,7 +244,9 @@ class _PartialSoftmax(torch.autograd.Function):
         if dropout_p > 0:
             dropped = torch.empty_like(probs).bernoulli_(1 - dropout_p).div_(1 - dropout_p)
         any_kept = keep.any(-1, keepdim=True)
-        out = torch.matmul(probs if dropped is None else probs * dropped, v).mul_(any_kept)
+        # Out of place: under torch.compile, torch 2.11's Dynamo drops the gradient of an output that the forward
+        # saved after changing it in place (v's gradient came back zero; 2.14 is right either way)
+        out = torch.matmul(probs if dropped is None else probs * dropped, v) * any_kept
         ctx.save_for_backward(q, k, v, probs, dropped, any_kept, out)
         ctx.scale = scale
         return out, lse
