@@ -192,6 +192,22 @@ def test_compiled_module_has_no_graph_break_and_equals_eager():
         assert relative(got, want) < 1e-6
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_export_traces_the_custom_op_not_the_eager_path(strict):
+    """Eagerly the op runs its Python bodies without the dispatcher (`_EagerFusedAttention`); `torch.export`, strict
+    (Dynamo) or not (the dispatcher's fake tensors, which the kernels could not take), must record the custom op
+    instead, and the exported program must compute what eager does."""
+    module = builders.make("performer", DIM, HEADS, nb_features=24).eval().to(DEVICE)
+    x = builders.tokens(BATCH, LENGTH, DIM).to(DEVICE)
+    with force_fused():
+        want = module(x)
+        program = torch.export.export(module, (x,), strict=strict)
+        got = program.module()(x)
+    targets = [str(node.target) for node in program.graph.nodes]
+    assert any("zoo.fused_kernel_attention" in target for target in targets), targets
+    assert relative(got, want) < 1e-6
+
+
 @pytest.mark.parametrize("case", ["linear", "performer", "hedgehog"])
 def test_tf32_products_stay_close_to_fp32(case, monkeypatch):
     """`ZOO_FUSED_CONFIG=rows:warps:tf32`: under bf16 autocast the kernels' products take tf32 operands instead of
