@@ -186,3 +186,41 @@ def test_flex_backend_refuses_a_cpu_backward():
     attention = make(grid_size=(4, 4), num_prefix_tokens=1, window=2, backend="flex")
     with pytest.raises(ValueError, match="no CPU backward"):
         attention(torch.randn(1, 17, DIM))
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "padded"])
+def test_windows_that_tile_the_grid_take_views_of_one_qkv_and_hand_the_projection_its_layout(masked):
+    """Windows that tile the grid (8 x 8 in 4 x 4, a class token) are written in and out once: q, k, v as the layer
+    passes them (views of one `[b, n, 3, h, d]` projection), the output laid out as `[b, n, h, d]`, which the
+    projection after it then reads without a copy; output and gradients those of the dense reference."""
+    n = 1 + 8 * 8
+    packed = torch.randn(2, n, 3, HEADS, 8, dtype=torch.float64, requires_grad=True)
+    q, k, v = packed.permute(2, 0, 3, 1, 4).unbind(0)
+    mask = padding(n) if masked else None
+    out = window2d_attention(q, k, v, mask, grid_size=(8, 8), num_prefix_tokens=1, window=4)
+    assert out.transpose(1, 2).is_contiguous()
+    expected = allowed_attention(q, k, v, window2d_keep((8, 8), 1, 4, 0), mask, None, 0.0)
+    torch.testing.assert_close(out, expected)
+    (got,) = torch.autograd.grad(out.square().sum(), packed)
+    (want,) = torch.autograd.grad(expected.square().sum(), packed)
+    torch.testing.assert_close(got, want)
+
+
+def test_windows_that_tile_the_grid_compile_whole_and_equal_eager():
+    """The tiled path's autograd functions trace into one graph (fullgraph) through AOTAutograd, forward and
+    backward equal to eager."""
+    torch._dynamo.reset()
+    n = 1 + 8 * 8
+    q, k, v = qkv(n, dtype=torch.float32)
+    mask = padding(n)
+
+    def attend(q, k, v, mask):
+        return window2d_attention(q, k, v, mask, grid_size=(8, 8), num_prefix_tokens=1, window=4)
+
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True, dynamic=False)
+    results = []
+    for fn in (attend, compiled):
+        out = fn(q, k, v, mask)
+        results.append((out, *grads(out, (q, k, v))))
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want)
