@@ -165,14 +165,32 @@ def flex_attend(
         raise ValueError(f"this attention pattern was built for {pattern.length} tokens, got {n}")
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         _refuse_cpu_backward()
-    if pattern.order is not None:
-        q, k, v = (x[:, :, pattern.order] for x in (q, k, v))
-        key_padding = None if key_padding is None else key_padding[:, pattern.order]
+    if pattern.order is None:
+        mask = block_mask(pattern, n, h, q.device, key_padding)
+        return _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
+    order, inverse = pattern.order, torch.argsort(pattern.order)
+    q, k, v = (_Permute.apply(x, 2, order, inverse) for x in (q, k, v))
+    key_padding = None if key_padding is None else key_padding[:, order]
     mask = block_mask(pattern, n, h, q.device, key_padding)
     out = _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
-    if pattern.order is not None:
-        out = out[:, :, torch.argsort(pattern.order)]
-    return out
+    # back in sequence order, laid out as `[b, n, h, d]`: the projection after it then reads it without a copy
+    return _Permute.apply(out.transpose(1, 2), 1, inverse, order).transpose(1, 2)
+
+
+class _Permute(torch.autograd.Function):
+    """`x.index_select(dim, order)` for a permutation `order` whose inverse is `inverse`: the backward gathers by the
+    inverse, where autograd's indexing backward zero-fills a full-size tensor and scatter-adds into it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int, order: Tensor, inverse: Tensor) -> Tensor:
+        ctx.dim = dim
+        ctx.save_for_backward(inverse)
+        return x.index_select(dim, order)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(ctx.dim, inverse), None, None, None
 
 
 def _refuse_cpu_backward() -> None:
