@@ -22,8 +22,6 @@ from torch import Tensor
 from ._kernel import DENOMINATOR_EPS
 
 __all__ = [
-    "SplitHeads",
-    "SplitHeadsMixin",
     "Workspace",
     "exporting",
     "first_order_only",
@@ -97,59 +95,6 @@ def first_order_only(backward: Callable) -> Callable:
         return backward(ctx, *grads)
 
     return guarded
-
-
-class SplitHeads(torch.autograd.Function):
-    """`qkv: [b, n, 3 h d]` -> q, k, v `[b, h, n, d]`, views, as in `AttentionBase.project_qkv`.
-
-    The point is the backward: unbind's would stack the three gradients and then copy again to undo the head
-    permutation. Here, when the gradients are the three views of one `[b, n, 3, h, d]` buffer (what the blocked
-    kernels of `performer` and `linear` write), that buffer is the gradient of qkv as it is; otherwise they are
-    copied into one.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: Tensor, num_heads: int):
-        b, n, c = qkv.shape
-        ctx.shape = (b, n, 3, num_heads, c // (3 * num_heads))
-        return tuple(qkv.view(ctx.shape)[:, :, i].permute(0, 2, 1, 3) for i in range(3))
-
-    @staticmethod
-    def backward(ctx, *grads: Tensor | None):
-        # made of differentiable ops, so double backward works through it
-        b, n, _, h, d = ctx.shape
-        base = grads[0]._base if grads[0] is not None else None
-        if (
-            base is not None
-            and base.shape == ctx.shape
-            and base.is_contiguous()
-            and all(
-                g is not None
-                and g._base is base
-                and g.storage_offset() == base.storage_offset() + i * h * d
-                and g.stride() == (n * 3 * h * d, d, 3 * h * d, 1)
-                for i, g in enumerate(grads)
-            )
-        ):
-            return base.view(b, n, 3 * h * d), None
-        like = next(g for g in grads if g is not None)
-        packed = unwritten(like, ctx.shape)
-        for i, grad in enumerate(grads):
-            if grad is None:
-                packed[:, :, i] = 0.0
-            else:
-                packed[:, :, i] = grad.permute(0, 2, 1, 3)
-        return packed.view(b, n, 3 * h * d), None
-
-
-class SplitHeadsMixin:
-    """For an `AttentionBase` whose kernels write q, k and v's gradients into one `[b, n, 3, h, d]` buffer (the
-    blocked CPU kernels, the fused GPU kernels): `project_qkv` through `SplitHeads`, whose backward hands that
-    buffer on as the qkv projection's gradient, where unbind's would stack and copy it twice."""
-
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = SplitHeads.apply(self.qkv(x), self.num_heads)
-        return self.q_norm(q), self.k_norm(k), v
 
 
 # A GPU takes the whole sequence as one block up to this many bytes per workspace: the CPU's block sizes fit its

@@ -41,7 +41,6 @@ from ._common import AttentionBase, masked_fill_keys
 from ._fused_linear import Feature, fused_kernel_attention, fused_usable
 from ._kernel import DENOMINATOR_EPS, KernelStepMixin, _causal, kernel_attention
 from ._registry import register_attention
-from ._workspace import SplitHeadsMixin
 
 __all__ = ["HedgehogAttention", "WindowState", "hedgehog_attention", "hedgehog_features", "identity_feature_map"]
 
@@ -173,7 +172,7 @@ class WindowState(NamedTuple):
 
 
 @register_attention("hedgehog")
-class HedgehogAttention(SplitHeadsMixin, KernelStepMixin, AttentionBase):
+class HedgehogAttention(KernelStepMixin, AttentionBase):
     """Hedgehog linear attention with learned feature maps (`feature_dim` f per half, 64 as in LoLCATs), separate
     maps for q and k; `window > 0` adds LoLCATs' exact sliding window. Causal mode and recurrent decoding.
 

@@ -23,7 +23,6 @@ from ._fused_linear import Feature, fused_kernel_attention, fused_usable
 from ._kernel import KernelStepMixin, kernel_attention
 from ._registry import register_attention
 from ._workspace import (
-    SplitHeadsMixin,
     Workspace,
     exporting,
     first_order_only,
@@ -169,7 +168,7 @@ class _BlockedLinear(torch.autograd.Function):
 
 
 @register_attention("linear")
-class LinearAttention(SplitHeadsMixin, KernelStepMixin, AttentionBase):
+class LinearAttention(KernelStepMixin, AttentionBase):
     """Linear attention (elu + 1 features) with timm's projections; causal mode and recurrent decoding.
 
     No parameters or buffers beyond timm's, so weights copy to and from every other variant. No 1/sqrt(d)

@@ -27,7 +27,6 @@ from ._kernel import KernelStepMixin, kernel_attention
 from ._registry import register_attention
 from ._seeded import SeedStepMixin
 from ._workspace import (
-    SplitHeadsMixin,
     Workspace,
     exporting,
     first_order_only,
@@ -258,7 +257,7 @@ def _exp_key_features(features: Tensor, half_sq: Tensor, keep: Tensor | None, of
 
 
 @register_attention("performer")
-class PerformerAttention(SplitHeadsMixin, SeedStepMixin, KernelStepMixin, AttentionBase):
+class PerformerAttention(SeedStepMixin, KernelStepMixin, AttentionBase):
     """FAVOR+ multi-head attention with timm's projections; causal mode by chunked prefix sums.
 
     The non-causal softmax kernel runs through `_BlockedFavor` (blocked, features recomputed in backward);
