@@ -18,7 +18,7 @@ from torch.nn.attention.flex_attention import create_block_mask, create_mask
 from zoo.attention import _flex
 from zoo.attention._flex import BLOCK, block_mask
 from zoo.attention.neighborhood import auto_tile_rows, neighborhood_mask, tile_order
-from zoo.attention.window2d import window2d_mask
+from zoo.attention.window2d import window2d_keep, window2d_mask
 
 DIM, HEADS = 32, 2
 CPU = torch.device("cpu")
@@ -147,6 +147,23 @@ def test_tiled_flex_path_matches_the_dense_reference(dense_flex, grid, prefix, k
     if attention.flex_pattern(grid, CPU).order is not None:
         # put back in sequence order laid out as [b, n, h, d], which the projection reads without a copy
         assert out.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.parametrize("grid,window,shift", [((8, 8), 4, 0), ((5, 7), 3, 1)])
+def test_window2d_flex_path_in_window_order_matches_the_dense_reference(dense_flex, grid, window, shift):
+    """window2d on the flex backend (its tokens in window order, the prefix last): outputs and the gradients of q, k
+    and v against the dense pattern, with key padding."""
+    n = 2 + grid[0] * grid[1]
+    attention = builders.make(
+        "window2d", DIM, HEADS, backend="flex", grid_size=grid, num_prefix_tokens=2, window=window, shift=shift
+    ).double()
+    q, k, v = builders.qkv(2, HEADS, n, 16, dtype=torch.float64, seed=5, requires_grad=True)
+    padding = builders.padding(2, n, drop=0.3, seed=6)
+    out = attention.attend(q, k, v, padding, False)
+    expected = softmax_reference(q, k, v, window2d_keep(grid, 2, window, shift), padding)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads(out, (q, k, v)), grads(expected, (q, k, v)), strict=True):
+        torch.testing.assert_close(got, want)
 
 
 def block_counts(allowed: torch.Tensor) -> tuple[int, int]:
