@@ -41,9 +41,32 @@ SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
 CPU_SHAPES = {"vit_s_1024": (2, 65, 64, 1), "64k": (1, 256, 64, 1)}
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def layer_step(module, x, grad, device: str) -> None:
+    """One forward + backward of `module` in bf16 autocast (the fused path forced on the CPU, in the interpreter)."""
+    forced = force_fused() if device == "cpu" else contextlib.nullcontext()
+    with forced, torch.autocast(device, dtype=torch.bfloat16):
+        out = module(x)
+    out.backward(grad)
+
+
+def median_ms(module, x, grad, device: str, repeats: int) -> float:
+    """Median ms of `layer_step` over `repeats` steps, after warm-up steps on a GPU (they compile the kernels; the
+    interpreter compiles none)."""
+    times = []
+    warmup = 3 if device == "cuda" else 0
+    for step in range(repeats + warmup):
+        sync(device)
+        start = time.perf_counter()
+        layer_step(module, x, grad, device)
+        sync(device)
+        if step >= warmup:
+            times.append(1e3 * (time.perf_counter() - start))
+    return sorted(times)[len(times) // 2]
 
 
 def time_layer(name: str, options: dict, shape: tuple[int, int, int, int], device: str, repeats: int) -> float:
@@ -52,19 +75,7 @@ def time_layer(name: str, options: dict, shape: tuple[int, int, int, int], devic
     module = create_attention(name, dim, heads, **options).to(device)
     x = torch.randn(batch, n, dim, device=device).requires_grad_()
     grad = torch.randn(batch, n, dim, device=device)
-    times = []
-    warmup = 3 if device == "cuda" else 0  # compiles and autotunes the device's kernels; the interpreter has none
-    for step in range(repeats + warmup):
-        _sync(device)
-        start = time.perf_counter()
-        forced = force_fused() if device == "cpu" else contextlib.nullcontext()
-        with forced, torch.autocast(device, dtype=torch.bfloat16):
-            out = module(x)
-        out.backward(grad)
-        _sync(device)
-        if step >= warmup:
-            times.append(1e3 * (time.perf_counter() - start))
-    return sorted(times)[len(times) // 2]
+    return median_ms(module, x, grad, device, repeats)
 
 
 def sweep(device: str = "cuda", repeats: int = 10, names: tuple[str, ...] = (), out: Path | None = None) -> dict:

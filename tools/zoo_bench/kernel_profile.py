@@ -14,7 +14,6 @@ interpreter, without device times.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -26,10 +25,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from zoo.attention import _fused_linear, create_attention, get_attention
-from zoo.attention._fused_linear import force_fused
 from zoo.attention._grid import GridAttention
 
-from .kernel_configs import FEATURES
+from .kernel_configs import FEATURES, layer_step, median_ms, sync
 from .recall import parse_variant
 
 # (label, variant with options as `recall.parse_variant` reads them, ZOO_FUSED_CONFIG or "" for the kernels' own
@@ -65,18 +63,6 @@ def _module(variant: str, n: int, dim: int, heads: int) -> torch.nn.Module:
     return create_attention(spec.name, dim, heads, **options)
 
 
-def _step(module, x, grad, device: str) -> None:
-    forced = force_fused() if device == "cpu" else contextlib.nullcontext()
-    with forced, torch.autocast(device, dtype=torch.bfloat16):
-        out = module(x)
-    out.backward(grad)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _compiled_resources() -> dict[str, dict]:
     """Each fused kernel's registers, spills and shared memory as compiled on this device (the last compiled
     variant of each), from the Triton JIT caches; {} where this Triton keeps them elsewhere."""
@@ -108,20 +94,12 @@ def profile_case(variant: str, config: str, device: str, steps: int) -> dict:
         module = _module(variant, n, dim, heads).to(device)
         x = torch.randn(batch, n, dim, device=device).requires_grad_()
         grad = torch.randn(batch, n, dim, device=device)
-        for _ in range(3 if device == "cuda" else 1):
-            _step(module, x, grad, device)
-        times = []
-        for _ in range(steps):
-            _sync(device)
-            start = time.perf_counter()
-            _step(module, x, grad, device)
-            _sync(device)
-            times.append(1e3 * (time.perf_counter() - start))
+        wall_ms = median_ms(module, x, grad, device, steps)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
         with profile(activities=activities) as prof:
             for _ in range(steps):
-                _step(module, x, grad, device)
-            _sync(device)
+                layer_step(module, x, grad, device)
+            sync(device)
         kernels: dict[str, float] = defaultdict(float)
         for event in prof.key_averages():
             # the kernels themselves: an operator's row would count its kernels' time a second time
@@ -129,7 +107,7 @@ def profile_case(variant: str, config: str, device: str, steps: int) -> dict:
             if device_us > 0 and str(event.device_type).endswith("CUDA"):
                 kernels[event.key[:90]] += device_us / 1e3 / steps
         return {
-            "wall_ms": sorted(times)[len(times) // 2],
+            "wall_ms": wall_ms,
             "kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
             "resources": _compiled_resources() if device == "cuda" else {},
         }

@@ -165,14 +165,15 @@ def flex_attend(
         raise ValueError(f"this attention pattern was built for {pattern.length} tokens, got {n}")
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         _refuse_cpu_backward()
-    if pattern.order is None:
-        mask = block_mask(pattern, n, h, q.device, key_padding)
-        return _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
-    order, inverse = pattern.order, torch.argsort(pattern.order)
-    q, k, v = (_Permute.apply(x, 2, order, inverse) for x in (q, k, v))
-    key_padding = None if key_padding is None else key_padding[:, order]
+    order = pattern.order
+    if order is not None:
+        inverse = torch.argsort(order)
+        q, k, v = (_Permute.apply(x, 2, order, inverse) for x in (q, k, v))
+        key_padding = None if key_padding is None else key_padding[:, order]
     mask = block_mask(pattern, n, h, q.device, key_padding)
     out = _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
+    if order is None:
+        return out
     # back in sequence order, laid out as `[b, n, h, d]`: the projection after it then reads it without a copy
     return _Permute.apply(out.transpose(1, 2), 1, inverse, order).transpose(1, 2)
 

@@ -21,9 +21,9 @@ kernels for sm_90 without a GPU; `tests/tools/test_kernel_resources.py` holds th
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
 registered, so `torch.compile` sees one opaque node and no graph break; eagerly an autograd function calls the
-same Python bodies without the dispatcher's wrappers (`_EagerFusedAttention`). Reductions over the sequence (the state,
-its gradient, hedgehog's map gradients) are split over programs and added with fp32 atomics: the summation order,
-and so the last bits, vary from run to run on a GPU.
+same Python bodies without the dispatcher's wrappers (`_EagerFusedAttention`). Reductions over the sequence (the
+state, its gradient, hedgehog's map gradients) are split over programs and added with fp32 atomics: the summation
+order, and so the last bits, vary from run to run on a GPU.
 
 Chosen automatically for CUDA tensors by the variants (`fused_usable`); `ZOO_FUSED=0` turns it off.
 
@@ -984,7 +984,7 @@ def saves_state(n: int, features: int, value_dim: int) -> bool:
     return features * (value_dim + 1) <= n
 
 
-def _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind: int, eps: float, key_max) -> None:
+def _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind: int, eps: float) -> None:
     if not saves_state(q.shape[-2], state.shape[1], state.shape[2]):
         state = total = None
     ctx.save_for_backward(q, k, v, keep, proj_q, proj_k, out, state, total, key_max)
@@ -1007,7 +1007,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, keep, proj_q, proj_k, kind, eps = inputs
     out, state, total, key_max = output
     ctx.mark_non_differentiable(state, total, key_max)
-    _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind, eps, key_max)
+    _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind, eps)
 
 
 def _op_backward(ctx, grad_out, *_unused):
@@ -1027,7 +1027,7 @@ class _EagerFusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, keep, proj_q, proj_k, kind: int, eps: float):
         out, state, total, key_max = _forward(q, k, v, keep, proj_q, proj_k, kind, eps)
-        _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, kind, eps, key_max)
+        _saved(ctx, q, k, v, keep, proj_q, proj_k, out, state, total, key_max, kind, eps)
         return out
 
     @staticmethod

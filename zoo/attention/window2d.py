@@ -115,19 +115,10 @@ def window2d_attention(
 
     queries, keys, values = (partition(x[:, :, p:]) for x in (q, k, v))
     windows = queries.shape[0] // b
-    keep = None
-    if mask is not None or top or bottom or left or right:
-        cells = torch.ones(1, rows * cols, dtype=torch.bool, device=q.device) if mask is None else mask[:, p:]
-        cells = F.pad(rearrange(cells, "b (y x) -> b y x", y=rows), (left, right, top, bottom), value=False)
-        keep = rearrange(cells, "b (gy wy) (gx wx) -> b (gy gx) (wy wx)", wy=wy, wx=wx)
     if p:
         keys = torch.cat([keys, repeat(k[:, :, :p], "b h p d -> (b g) h p d", g=windows)], dim=2)
         values = torch.cat([values, repeat(v[:, :, :p], "b h p d -> (b g) h p d", g=windows)], dim=2)
-        if keep is not None:
-            prefix = torch.ones(1, p, dtype=torch.bool, device=q.device) if mask is None else mask[:, :p]
-            keep = torch.cat([keep.expand(b, -1, -1), prefix[:, None].expand(b, windows, -1)], dim=-1)
-    if keep is not None:
-        keep = rearrange(keep.expand(b, -1, -1), "b g m -> (b g) 1 1 m")
+    keep = _window_keep(mask, b, p, (rows, cols), (top, bottom, left, right), (wy, wx), q.device)
     # Every window holds a grid cell: only a padding mask can leave a query without keys.
     out = masked_sdpa(queries, keys, values, keep, scale, dropout_p, may_be_empty=mask is not None)
     out = rearrange(out, "(b gy gx) h (wy wx) d -> b h (gy wy) (gx wx) d", b=b, gx=(left + cols + right) // wx, wy=wy)
@@ -144,18 +135,31 @@ def _tiled_attention(
     into its windows in one write (keys and values with the prefix tokens appended), and the windows' output written
     back once, laid out as `[b, n, h, d]`, so that the projection after it reads it without a copy. tiles:
     (gy, wy, gx, wx)."""
-    b = q.shape[0]
     gy, wy, gx, wx = tiles
     queries = _ToWindows.apply(q, p, tiles, False)
     keys, values = (_ToWindows.apply(x, p, tiles, True) for x in (k, v))
-    keep = None
-    if mask is not None:
-        cells = rearrange(mask[:, p:], "b (gy wy gx wx) -> b gy gx (wy wx)", gy=gy, wy=wy, gx=gx)
-        keep = torch.cat([cells, mask[:, None, None, :p].expand(b, gy, gx, p)], dim=-1)
-        keep = rearrange(keep, "b gy gx m -> (b gy gx) 1 1 m")
+    keep = _window_keep(mask, q.shape[0], p, (gy * wy, gx * wx), (0, 0, 0, 0), (wy, wx), q.device)
     out = masked_sdpa(queries, keys, values, keep, scale, dropout_p, may_be_empty=mask is not None)
     prefix = global_rows(q[:, :, :p], k, v, mask, scale, dropout_p) if p else None
     return _FromWindows.apply(out, prefix, p, tiles)
+
+
+def _window_keep(
+    mask: Tensor | None, b: int, p: int, grid: tuple[int, int], pads: tuple, window: tuple[int, int], device
+) -> Tensor | None:
+    """The keys each window's queries may see, `[(b g), 1, 1, m]` in the windows' order: the window's cells (its
+    padding cells never, masked cells never), then the prefix tokens; None where every key is kept. pads: (top,
+    bottom, left, right) cells of padding, window: (wy, wx)."""
+    if mask is None and not any(pads):
+        return None
+    (rows, cols), (top, bottom, left, right), (wy, wx) = grid, pads, window
+    cells = torch.ones(1, rows * cols, dtype=torch.bool, device=device) if mask is None else mask[:, p:]
+    cells = F.pad(rearrange(cells, "b (y x) -> b y x", y=rows), (left, right, top, bottom), value=False)
+    keep = rearrange(cells, "b (gy wy) (gx wx) -> b (gy gx) (wy wx)", wy=wy, wx=wx).expand(b, -1, -1)
+    if p:
+        prefix = torch.ones(1, p, dtype=torch.bool, device=device) if mask is None else mask[:, :p]
+        keep = torch.cat([keep, prefix[:, None].expand(b, keep.shape[1], -1)], dim=-1)
+    return rearrange(keep, "b g m -> (b g) 1 1 m")
 
 
 class _ToWindows(torch.autograd.Function):
@@ -182,7 +186,7 @@ class _ToWindows(torch.autograd.Function):
         p = ctx.p
         grad = grad.unflatten(0, (b, gy, gx))
         grad_x = grad.new_empty(b, n, h, d).transpose(1, 2)  # [b, h, n, d] laid out as qkv's parts are
-        _grid_of(grad_x, p, tiles=ctx.tiles).copy_(_cells_of(grad, wy, wx))
+        _grid_of(grad_x, p, ctx.tiles).copy_(_cells_of(grad, wy, wx))
         if p:
             grad_x[:, :, :p] = grad[..., wy * wx :, :].sum((1, 2)) if ctx.with_prefix else 0.0
         return grad_x, None, None, None
