@@ -32,6 +32,24 @@ from zoo import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+# Inductor's C++ build takes 15-60 s a graph on 2 cores with its cache cold, more than the suite can give a test:
+# the compiled-path tests run AOTAutograd's graphs (what inductor receives) on `aot_eager` unless
+# ZOO_TEST_INDUCTOR=1 (a machine with cores to spare), which compiles them with inductor itself.
+def compile_backend() -> str:
+    """The backend of the suite's compiled-path tests: `inductor` under ZOO_TEST_INDUCTOR=1, else `aot_eager`."""
+    return "inductor" if os.environ.get("ZOO_TEST_INDUCTOR") == "1" else "aot_eager"
+
+
+def compiled_flex():
+    """FlexAttention compiled on `compile_backend()`, for `zoo.attention._flex._compiled_flex` to return: Dynamo
+    traces a pattern's mask into the graph either way; under `aot_eager` the graph runs FlexAttention's reference
+    implementation, under inductor its fused CPU kernel."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False, backend=compile_backend())
+
+
 # 32-px MegaMNIST canvases: two 12-px target digits, one other digit and one clutter patch
 TINY_CANVAS = {"canvas_size": 32, "digit_size": 12, "num_target": 2, "num_other": 1, "num_clutter": 1}
 

@@ -174,10 +174,10 @@ def test_backend_auto_uses_flex_only_on_cuda():
 
 
 # The compiled flex forward on CPU of the 2-D families (the 1-D ones: test_flex_backends.py), with key padding,
-# whose mask wraps the pattern's own (an unpadded call would compile the pattern alone again). Each pattern compiles
-# once, 25-45 s of C++ in a fresh checkout (inductor's cache cold): neighborhood's tiled pattern alone, whose token
-# order and block mask are the more involved; window2d's pattern is checked uncompiled above and against a dense
-# reference through the same token-order path in test_flex_tiles.py, and compiled on a GPU by the device check.
+# whose mask wraps the pattern's own (an unpadded call would compile the pattern alone again), on the suite's compile
+# backend (`compiled_flex`): neighborhood's tiled pattern, whose token order and block mask are the more involved;
+# window2d's pattern is checked against a dense reference through the same token-order path in test_flex_tiles.py,
+# and both compile for CUDA in the device check.
 
 
 def grid_pair(name: str, **options):
@@ -188,7 +188,7 @@ def grid_pair(name: str, **options):
     return fast, flex
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("compiled_flex")
 @pytest.mark.parametrize(
     "name,options",
     [

@@ -115,11 +115,11 @@ def test_longformer_flex_checks_the_global_indices():
         attention(inputs()[0])
 
 
-# The compiled forward on CPU: one compile per pattern (10-12 s each with inductor's cache cold), all at the same
-# shapes; the 2-D families' in test_flex.py.
+# The compiled forward on CPU, each pattern at the same shapes (`compiled_flex`: aot_eager, or inductor under
+# ZOO_TEST_INDUCTOR=1); the 2-D families' in test_flex.py.
 
 
-@pytest.mark.slow
+@pytest.mark.usefixtures("compiled_flex")
 @pytest.mark.parametrize("name,options,is_causal", FAMILIES, ids=lambda x: str(x))
 def test_flex_forward_equals_the_torch_path(name, options, is_causal):
     torch_path, flex = pair(name, "flex", **options)

@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import yaml
 
 from zoo.attention import _registry, list_attentions
 from zoo.attention.softmax import SoftmaxAttention
@@ -218,7 +219,8 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
     from zoo_bench import choose
 
     def item(run, attention, rate):
-        return {"run": run, "attention": attention, "tokens": 4097, "samples_per_s": rate, "ok": True, "recipe": "r"}
+        recipe = f"recipes/vit_{attention}_1024.yaml"
+        return {"run": run, "attention": attention, "tokens": 4097, "samples_per_s": rate, "ok": True, "recipe": recipe}
 
     check = {
         "device_name": "GPU X",
@@ -230,7 +232,46 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
     assert choose._gpu_images(4097)[0] == "`softmax`"
     check["parts"]["train"]["items"][1]["samples_per_s"] = 175.0
     pick, why = choose._gpu_images(4097)
-    assert (pick, why.split(" (")[0]) == ("`linear` (`r`)", "1.75x softmax's training samples/s")
+    assert (pick, why.split(" (")[0]) == (
+        "`linear` (`recipes/vit_linear_1024.yaml`)",
+        "1.75x softmax's training samples/s",
+    )
+    assert "options" not in why  # linear's recipe sets none, and the record kept none
+
+
+@pytest.mark.parametrize("measured", [None, "other", "same"])
+def test_a_pick_measured_with_other_attention_options_says_so(monkeypatch, measured):
+    """The recipe's options now (read from its YAML here) against those the record kept: a pick whose command would
+    not run what was timed says so."""
+    from zoo_bench import choose
+
+    recipe = "recipes/vit_window2d_global_1024.yaml"
+    window = yaml.safe_load((REPO / recipe).read_text())["model"]["attention"]["options"]["window"]
+    record = {"run": "w", "attention": "window2d", "tokens": 4097, "samples_per_s": 190.0, "ok": True, "recipe": recipe}
+    if measured is not None:
+        record["attention_options"] = {"window": window if measured == "same" else window - 2}
+    softmax = {
+        **record,
+        "run": "s",
+        "attention": "softmax",
+        "samples_per_s": 100.0,
+        "recipe": "recipes/vit_softmax_1024.yaml",
+    }
+    softmax.pop("attention_options", None)
+    check = {"device_name": "GPU X", "parts": {"train": {"items": [softmax, record]}}}
+    monkeypatch.setattr(choose, "GPU_TRAIN", ("a.json",))
+    monkeypatch.setattr(choose, "_load", lambda path: check)
+    pick, why = choose._gpu_images(4097)
+    assert pick.startswith("`window2d`")
+    expected = {
+        None: f"The check that measured it kept no attention options; the recipe now sets `window={window}`",
+        "other": f"Measured with `window={window - 2}`; the recipe now sets `window={window}`",
+        "same": None,
+    }[measured]
+    if expected is None:
+        assert "options" not in why and "Measured" not in why, why
+    else:
+        assert expected in why, why
 
 
 def test_a_layer_pick_compares_each_variant_with_softmax_in_its_own_file(monkeypatch):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import reset_accelerate
+from helpers import compiled_flex, reset_accelerate
 
-from zoo.attention import list_attentions
+from zoo.attention import _flex, list_attentions
 from zoo.config import RecipeError
 from zoo_bench import device_check, device_parts, device_runs
 from zoo_bench.device_check import PARTS, Report, bench_summary, part_budget, profile_for, run_device_check
@@ -43,10 +43,12 @@ class _ItemClock(device_parts.Clock):
 def cpu_check(tmp_path_factory) -> tuple[Path, dict]:
     """The device check on the CPU profile, in this process, with the budgets counted in items (`_ItemClock`):
     correctness and flex cut to their first items, every training run and the sweep's kernel families at both
-    batch sizes let through."""
+    batch sizes let through; FlexAttention compiled on the suite's backend (`helpers.compiled_flex`)."""
     out = tmp_path_factory.mktemp("device_check")
+    flex = compiled_flex()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(device_parts, "Clock", _ItemClock)
+        patch.setattr(_flex, "_compiled_flex", lambda: flex)
         run_device_check("cpu", out, PARTS)
     reset_accelerate()
     return out, json.loads((out / "device_check.json").read_text())

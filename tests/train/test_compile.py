@@ -4,7 +4,6 @@ and the recipe key's errors."""
 
 import json
 import logging
-import os
 import runpy
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 import torch
 import torch._dynamo
 from accelerate.utils import DynamoBackend
-from helpers import reset_accelerate, tiny_vit_recipe, write_recipe
+from helpers import compile_backend, reset_accelerate, tiny_vit_recipe, write_recipe
 from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
@@ -81,13 +80,12 @@ def assert_same_state(actual, expected, **tolerance) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_compiled_training_matches_eager_and_checkpoints_load_eagerly(tmp_path, caplog, monkeypatch):
-    # AOTAutograd's graphs (functionalised forward and backward, what inductor receives) run without code
-    # generation: inductor's C++ build takes 30-120 s on 2 cores, more than the suite can give one test;
-    # ZOO_TEST_INDUCTOR=1 runs inductor itself (on an H200: 1.6e-5 apart at most). Performer's features are
-    # redrawn after steps 2 and 4, into the buffer the compiled graph reads; blocks are checkpointed. SGD, whose
-    # update is linear in the gradient: Adam's first steps move a weight by about the learning rate whatever its
-    # gradient's size, so a gradient near 0 that rounds to the other sign moves it the other way.
-    if os.environ.get("ZOO_TEST_INDUCTOR") != "1":
+    # `helpers.compile_backend`: AOTAutograd's graphs run without code generation, or inductor under
+    # ZOO_TEST_INDUCTOR=1 (on an H200: 1.6e-5 apart at most). Performer's features are redrawn after steps 2 and 4,
+    # into the buffer the compiled graph reads; blocks are checkpointed. SGD, whose update is linear in the
+    # gradient: Adam's first steps move a weight by about the learning rate whatever its gradient's size, so a
+    # gradient near 0 that rounds to the other sign moves it the other way.
+    if compile_backend() != "inductor":
         monkeypatch.setattr(zoo.train.loop, "dynamo_plugin", _aot_traced)
     tree = tiny("performer", compile=True, steps=4, grad_checkpointing=True)
     tree["optim"] = {"name": "sgd", "lr": 0.05}

@@ -87,7 +87,28 @@ def _gpu_images(tokens: int) -> tuple[str, str]:
     others += f" and {more} more below" if more > 0 else ""
     sets = " ".join(best.get("overrides") or [])
     text = f"`{best['layout']}` (`{best['recipe']}`{' --set ' + sets if sets else ''})"
-    return text, f"{x:.2f}x softmax's training samples/s ({others}; {where})"
+    return text, f"{x:.2f}x softmax's training samples/s ({others}; {where}){_options_note(best)}"
+
+
+def _options_note(record: dict[str, Any]) -> str:
+    """Where the recipe's attention options (its overrides applied) are not those the record measured, or the record
+    (older checks) did not keep them while the recipe now sets some: a sentence saying so, else ""."""
+    from zoo.config import load_recipe
+
+    now = load_recipe(REPO_ROOT / record["recipe"], list(record.get("overrides") or [])).model.attention.options
+    measured = record.get("attention_options")
+    if measured is None and now:
+        return (
+            f". The check that measured it kept no attention options; the recipe now sets {_options_text(now)}, "
+            "which `make device-check` times as it is"
+        )
+    if measured is not None and measured != now:
+        return f". Measured with {_options_text(measured)}; the recipe now sets {_options_text(now)}"
+    return ""
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"`{key}={value}`" for key, value in sorted(options.items())) or "none"
 
 
 class _Timed(NamedTuple):

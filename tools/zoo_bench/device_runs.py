@@ -266,6 +266,8 @@ def train_record(
             "recipe": recipe_path,
             "overrides": list(overrides),
             "attention": recipe.model.attention.name,
+            # what docs/choose.md compares with the recipe as it is now: a pick measured with other options says so
+            "attention_options": dict(recipe.model.attention.options),
             "tokens": tokens,
             "batch_size": size,
             "mixed_precision": trainer.accelerator.mixed_precision,
