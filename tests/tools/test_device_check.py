@@ -27,16 +27,8 @@ class _ItemClock(device_parts.Clock):
     """The CPU profile's budgets counted in items, not seconds, so that what runs never depends on how fast or busy
     the machine is: a budget under a second (correctness, flex) lets one item through, any other every item."""
 
-    def __init__(self, seconds: float) -> None:
-        super().__init__(seconds)
-        self.laps = 0
-
-    def lap(self) -> None:
-        super().lap()
-        self.laps += 1
-
     def over(self) -> bool:
-        return self.seconds <= 1.0 and self.laps >= 1
+        return self.seconds <= 1.0 and len(self.laps) >= 1
 
 
 @pytest.fixture(scope="module")
@@ -173,17 +165,19 @@ def test_a_part_out_of_time_names_what_it_did_not_run(cpu_check):
     assert not set(ran) & set(correctness["skipped_for_time"])
 
 
-def test_the_clock_stops_a_part_whose_next_item_would_end_past_its_budget(monkeypatch):
+def test_the_clock_stops_a_part_whose_typical_item_would_end_past_its_budget(monkeypatch):
     now = [100.0]
     monkeypatch.setattr(device_parts.time, "perf_counter", lambda: now[0])
-    clock = device_parts.Clock(10.0)
+    clock = device_parts.Clock(20.0)
     assert not clock.over()
-    now[0] += 4.0  # one item of 4 s: 4 spent + 4 more = 8 <= 10
-    clock.lap()
-    assert not clock.over()
-    now[0] += 4.0  # 8 spent + 4 more = 12 > 10
-    clock.lap()
-    assert clock.over() and clock.spent() == 8.0
+    # (item seconds, spent after it, the median item so far): over once their sum passes 20
+    for seconds, spent, median in [(2, 2, 2), (2, 4, 2), (10, 14, 2), (3, 17, 2.5), (2, 19, 2)]:
+        now[0] += seconds
+        clock.lap()
+        assert clock.spent() == spent
+        # after the 10 s item the last item's time would have stopped the part (14 + 10 > 20); the median does not
+        assert clock.over() is (spent + median > 20), (seconds, spent)
+    assert clock.over()
 
 
 def test_a_failing_part_is_reported_and_the_next_part_still_runs(tmp_path, monkeypatch):
@@ -269,3 +263,17 @@ def test_cli_refuses_cuda_without_a_gpu(tmp_path, monkeypatch, capsys):
         "error: --device cuda was asked for, but torch.cuda.is_available() is False: use --device cpu"
     ]
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "asked,warm,expected",
+    [
+        (5, [9.0, 0.2], 5),  # ten fit in 2 s: the steps asked
+        (5, [9.0, 0.6], 4),  # 2 s / 0.6 s: four
+        (5, [9.0, 3.5], 2),  # reformer's steps on an H200: the floor of two
+        (1, [9.0, 3.5], 1),  # never more than asked
+        (5, [], 5),  # one warm-up step (the compiling one) or none: nothing to go by
+    ],
+)
+def test_a_slow_run_times_fewer_steps(asked, warm, expected):
+    assert device_runs.timed_steps(asked, warm[1:]) == expected

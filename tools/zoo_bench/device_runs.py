@@ -222,6 +222,21 @@ def _tokens(trainer: Any, batch: dict[str, torch.Tensor]) -> int:
     return int(inputs.shape[1])
 
 
+# A run whose warm steps are slow times as many steps as fit in this many seconds, at least MIN_TIMED_STEPS: on an
+# H200 reformer's 3.5 s steps took 25 s of the train part's 160 for 7 steps, and the part ran out before 6 recipes
+TIMED_SECONDS = 2.0
+MIN_TIMED_STEPS = 2
+
+
+def timed_steps(asked: int, warm_steps_s: list[float]) -> int:
+    """Steps to time: `asked`, or fewer where the warm steps after the first (which compiles) say that `asked` of
+    them would take more than `TIMED_SECONDS` (never under `MIN_TIMED_STEPS`, nor more than asked)."""
+    if not warm_steps_s:
+        return asked
+    fit = math.ceil(TIMED_SECONDS / max(warm_steps_s[-1], 1e-9))
+    return min(asked, max(MIN_TIMED_STEPS, fit))
+
+
 def train_record(
     recipe_path: str, overrides: tuple[str, ...], steps: tuple[int, int], *, compiled: str | None = None
 ) -> dict[str, Any]:
@@ -254,6 +269,7 @@ def train_record(
             trainer._train_batch(batch)
             sync(device)
             first.append(time.perf_counter() - start)
+        timed = timed_steps(timed, first[1:])
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
