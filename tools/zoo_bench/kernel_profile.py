@@ -4,7 +4,8 @@
 included, bf16 autocast, ViT-S/16 at 1024 px: batch 32, 4,097 tokens, dim 384, 6 heads) under `torch.profiler` for
 each (variant, `ZOO_FUSED_CONFIG`) in `CASES`, SDPA's layer first, window2d's windowed layer last, and writes
 `kernel_profile.json` / `.md` after every case: each kernel's device ms per step and share of the step, with the
-registers, spilled bytes and shared memory that Triton compiled it with on this GPU (where its cache exposes them).
+registers, spills (triton's `n_spills`: local memory a thread in 4-byte words) and shared memory that Triton compiled
+it with on this GPU (where its cache exposes them).
 The wall ms per step is the median of the timed steps outside the profiler. `kernel_configs` says which
 configuration is fastest; this says why.
 On the CPU (`--device cpu`, with `TRITON_INTERPRET=1` set) the same cases run at toy sizes through Triton's
@@ -31,19 +32,20 @@ from .kernel_configs import FEATURES, layer_step, median_ms, sync
 from .recall import parse_variant
 
 # (label, variant with options as `recall.parse_variant` reads them, ZOO_FUSED_CONFIG or "" for the kernels' own
-# block sizes): each fused map at its defaults, then the layouts and the tf32 products it had before the first
-# profile; window2d as vit_window2d_global_1024's windowed blocks run it (FlexAttention, then the torch path), whose
-# 8 windowed blocks cost about 7 ms each where their FLOPs say 3 (benchmarks/nvidia-h200/chunked)
+# block sizes): each fused map at its defaults, then the layouts that compile without spills on sm_90
+# (`zoo_bench.kernel_resources`, benchmarks/cpu/kernel_resources_sm90.md) and performer's 128-row tiles (whole
+# features and tf32 products were timed on the H200 already: slower, benchmarks/nvidia-h200/chunked); window2d as
+# vit_window2d_global_1024's windowed blocks run it (FlexAttention, then the torch path), whose 8 windowed blocks
+# cost about 7 ms each where their FLOPs say 3
 CASES = (
     ("sdpa", "softmax", ""),
     ("performer", "performer", ""),
-    ("performer", "performer", "favor=32:8::0"),
+    ("performer", "performer", "favor=32:8::64"),
     ("performer", "performer", "favor=128:8::64"),
-    ("performer", "performer", "favor=64:8:tf32:64"),
     ("hedgehog", "hedgehog", ""),
-    ("hedgehog", "hedgehog", "hedgehog=32:8:tf32:0"),
+    ("hedgehog", "hedgehog", "hedgehog=32:8::64"),
     ("linear", "linear", ""),
-    ("linear", "linear", "elu=64:4:tf32"),
+    ("linear", "linear", "elu=64:8"),
     ("window2d", "window2d:window=16", ""),
     ("window2d", "window2d:window=16,backend=torch", ""),
 )

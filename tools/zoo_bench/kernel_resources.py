@@ -3,10 +3,12 @@
 `python -m zoo_bench.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...] [--level 0]` runs one
 forward and backward of the fused op (`zoo.attention._fused_linear`) on CPU tensors at the shape of the 1024-px
 recipes (ViT-S/16: 4,097 tokens, 6 heads of 64, bf16), with each kernel launch recorded instead of run. Every
-recorded launch is then compiled by triton's own compiler for `sm_<arch>`, and ptxas reports the registers per
-thread, the bytes spilled to local memory and the kernel's shared memory. A kernel whose shared memory is over the
-architecture's limit (227 KB on sm_90, 99 KB on sm_86 / sm_89) fails to launch on that GPU: the command exits 1,
-naming it. On a GPU the kernels then launch again at the next shrink level (`--level`: what such a GPU gets).
+recorded launch is then compiled by triton's own compiler for `sm_<arch>`, its arguments specialised by triton's
+own binder as a launch would (divisibility by 16, integers of 1), and ptxas reports the registers per thread, the
+bytes of spill stores and of local memory (the stack frame) per thread, and the kernel's shared memory. A kernel
+whose shared memory is over the architecture's limit (227 KB on sm_90, 99 KB on sm_86 / sm_89) fails to launch on
+that GPU: the command exits 1, naming it. On a GPU the kernels then launch again at the next shrink level
+(`--level`: what such a GPU gets).
 
 Triton's CUDA backend ships ptxas, so this runs on any Linux machine with triton installed, but only with the
 kernels compiled, not interpreted: `TRITON_INTERPRET` must be unset. `ZOO_FUSED_CONFIG` applies as in a run.
@@ -52,7 +54,10 @@ class Resources(NamedTuple):
     kernel: str
     warps: int
     registers: int
-    spilled: int  # bytes per thread stored to local memory
+    spilled: int  # bytes of spill stores per thread (ptxas)
+    # bytes of local memory per thread (ptxas's stack frame): what the driver reports, and triton's `n_spills` (in
+    # `zoo_bench.kernel_profile`'s "spills" column) counts in 4-byte words
+    stack: int
     shared: int  # bytes per block
 
 
@@ -100,45 +105,44 @@ def record(
     return list(unique.values())
 
 
-_POINTEE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8"}
-
-
-def _arg_type(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return "*" + _POINTEE[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    return "i32" if isinstance(value, int) else "fp32"
-
-
 def compile_launch(launch: Launch, arch: int) -> Resources:
-    """Compile one recorded launch for `sm_<arch>` and read ptxas's report of it."""
+    """Compile one recorded launch for `sm_<arch>` as a launch on that GPU would, and read ptxas's report of it."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
 
     from zoo.attention import _fused_linear as fused
 
     kernel = getattr(fused, launch.kernel)
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("the kernels are interpreted here (TRITON_INTERPRET=1): unset it to compile them")
-    options = {key: launch.kwargs[key] for key in ("num_warps", "num_stages") if key in launch.kwargs}
-    # the launch passes the leading arguments by position, the compile-time ones by name
-    values = {**dict(zip(kernel.arg_names, launch.args, strict=False)), **launch.kwargs}
-    constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
-    signature = {name: "constexpr" if name in constexprs else _arg_type(values[name]) for name in kernel.arg_names}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    # The launcher's own specialisation of these arguments (a pointer or an integer divisible by 16 compiles with
+    # that divisibility, an integer 1 as a constant), by triton's own binder: without it ptxas saw unaligned loads
+    # and reported 4-10x the stack and spills, and up to 2.8x the shared memory, that an H200 ran the kernels with.
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*launch.args, **launch.kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, dict(launch.kwargs), bound, specialization, options
+    )
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(source, target=target, options=options.__dict__)
     report = _ptxas_report(compiled.asm["ptx"], arch)
-    registers = re.search(r"Used (\d+) registers", report)
-    spilled = re.search(r"(\d+) bytes spill stores", report)
     return Resources(
         launch.kernel,
-        options.get("num_warps", 4),
-        int(registers.group(1)) if registers else 0,
-        int(spilled.group(1)) if spilled else 0,
+        options.num_warps,
+        _reported(r"Used (\d+) registers", report),
+        _reported(r"(\d+) bytes spill stores", report),
+        _reported(r"(\d+) bytes stack frame", report),
         compiled.metadata.shared,
     )
+
+
+def _reported(pattern: str, report: str) -> int:
+    found = re.search(pattern, report)
+    return int(found.group(1)) if found else 0
 
 
 def _ptxas_report(ptx: str, arch: int) -> str:
@@ -179,12 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     limit, over = SHARED_LIMIT[args.arch], []
     config = os.environ.get("ZOO_FUSED_CONFIG", "")
     print(f"sm_{args.arch}, level {args.level}, ZOO_FUSED_CONFIG={config!r}, shared limit {limit} bytes")
-    print("| map | kernel | warps | registers | spilled bytes | shared bytes |\n|---|---|---|---|---|---|")
+    print("| map | kernel | warps | registers | spill stores (B) | stack (B) | shared (B) |")
+    print("|---|---|---|---|---|---|---|")
     for name, found_all in found_by_map.items():
-        for found in found_all:
-            print(f"| {name} | {found.kernel} | {found.warps} | {found.registers} | {found.spilled} | {found.shared} |")
-            if found.shared > limit:
-                over.append(f"{name} {found.kernel} ({found.shared} bytes)")
+        for row in found_all:
+            cells = (name, row.kernel, row.warps, row.registers, row.spilled, row.stack, row.shared)
+            print("| " + " | ".join(map(str, cells)) + " |")
+            if row.shared > limit:
+                over.append(f"{name} {row.kernel} ({row.shared} bytes)")
     if over:
         print(f"over sm_{args.arch}'s shared memory, these would not launch: {', '.join(over)}", file=sys.stderr)
     return 1 if over else 0

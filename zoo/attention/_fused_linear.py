@@ -14,9 +14,10 @@ backward recomputes them from k and v): never more than SDPA keeps.
 FAVOR's and RELU's features past 64 are held 64 at a time (HEDGEHOG's, when `ZOO_FUSED_CONFIG` asks, by halves,
 one softmax each): the state kernel and the gradient sums take one chunk a program, the query and key kernels loop
 over the chunks, and FAVOR's query stabiliser (the max over all features) is carried across chunks as online
-softmax carries its max. Whole, 256 random features asked for 256 KB of shared memory per program in the key
-backward on triton 3.8 (an H100 or H200 has 227 KB); in chunks, 128 KB (`zoo_bench.kernel_resources` compiles the
-kernels for sm_90 without a GPU; `tests/tools/test_kernel_resources.py` holds the largest within the limit).
+softmax carries its max. Whole, with triton's three pipeline stages, 256 random features ask for 326 KB of shared
+memory per program in the query backward on triton 3.8 (an H100 or H200 has 227 KB); in chunks, 88 KB
+(`zoo_bench.kernel_resources` compiles the kernels for sm_90 without a GPU, as a launch specialises them;
+`tests/tools/test_kernel_resources.py` holds the largest within the limit).
 
 The kernels are plain `@triton.jit` (no autotuning), so they run on CPU tensors under `TRITON_INTERPRET=1`, which
 is how the suite tests them against the torch paths. The op is a `torch.library.custom_op` with its autograd
@@ -611,9 +612,10 @@ def _multiprocessors(index: int) -> int:
 
 
 _DOT_PRECISIONS = ("tf32", "bf16")
-# Feature columns a FAVOR or RELU kernel holds at once past 64 features: whole, 256 random features ask for more
-# shared memory than sm_90 has on triton 3.8 (`zoo_bench.kernel_resources`). HEDGEHOG's 2 x 64 fit whole, and spill
-# less whole, so they stay whole unless `ZOO_FUSED_CONFIG` asks for halves.
+# Feature columns a FAVOR or RELU kernel holds at once past 64 features: whole, 256 random features need one pipeline
+# stage to fit sm_90 (`zoo_bench.kernel_resources`), and 64 at a time were faster on an H200. HEDGEHOG's 2 x 64 stay
+# whole, as the H200 timed them, unless `ZOO_FUSED_CONFIG` asks for halves (on sm_90 under triton 3.8 its backward
+# then needs 86 KB of shared memory and spills nothing, against 173 KB and 48 - 120 bytes of stack whole: untimed).
 _CHUNK = 64
 
 
@@ -670,7 +672,8 @@ def _default_precision(dtype: torch.dtype) -> str:
 
 # What a plan gives up, level by level, when a kernel asks for more shared memory than the GPU has (`_fitted`):
 # pipelining (one stage: each loaded tile buffered once), then the features whole (64 columns at a time, hedgehog
-# by halves), then half the rows of a tile, twice. On sm_86 / sm_89 (99 KB) performer's backward needs level 1.
+# by halves), then half the rows of a tile, twice. An A100 (163 KB) fits every map at level 0 (hedgehog's query
+# backward: 161 KB); on sm_86 / sm_89 (99 KB) hedgehog's backward needs level 1.
 _SHRINK_LEVELS = 4
 
 
@@ -690,17 +693,18 @@ class _Plan:
         default_chunk = _CHUNK if kind in (Feature.FAVOR, Feature.RELU) else 0
         self._chunk(kind, default_chunk if override.chunk is None else override.chunk)
         # The `[w, c]` feature tile and the `[c, e]` state chunk share the registers and shared memory with the
-        # accumulators: at 128 features whole (hedgehog's 2 x 64), 64 rows ask for 241 KB in the query backward
+        # accumulators: at 128 features whole (hedgehog's 2 x 64), 64 rows ask for 201 KB of shared memory and 848
+        # bytes of stack a thread in the query backward, 32 rows 173 KB and 48 (sm_90, triton 3.8)
         self.block_n = 64 if self.block_c <= 64 else 32
         # Chunked kernels carry x, dx and dv across the chunks: 8 warps halve each thread's share (ptxas on sm_90,
-        # 256 features: 680 and 304 bytes spilled in the query and key backward, against 1,776 and 1,076 at 4)
+        # 256 features: 24 and 0 bytes of stack in the query and key backward, against 240 and 224 at 4)
         self.warps = 4 if self.block_c * self.block_e <= 64 * 64 and self.chunks == 1 else 8
         self.prec = _default_precision(dtype)
         if override.rows:
             self.block_n, self.warps = override.rows, override.warps
             if override.dot and self.prec != "ieee":
                 self.prec = override.dot
-        # 256 features at once: three pipeline stages of fp32 tiles ask for 250 KB of shared memory (an H200 has 227)
+        # 256 features at once: three pipeline stages ask for 326 KB of shared memory (an H200 has 227; one: 104 KB)
         self.stages = 1 if self.block_c >= 256 or level >= 1 else None
         if level >= 2 and self.chunks == 1 and self.block_c > 32:
             self._chunk(kind, min(_CHUNK, self.block_c // 2))
