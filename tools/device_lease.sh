@@ -11,7 +11,9 @@
 #    $KERNEL_MAPS, default all; about 20 s a configuration) into $OUT; the fastest of each map swept are exported as
 #    ZOO_FUSED_CONFIG for what follows. A map the sweep did not finish keeps the kernels' own block sizes: the fused
 #    kernels stay on (a lease that turned them off measured the torch paths in their place).
-# 3a. The fused kernels kernel by kernel (`zoo_bench.kernel_profile`, at most $PROFILE_TIMEOUT s) into $OUT.
+# 3a. The fused kernels kernel by kernel (`zoo_bench.kernel_profile`, at most $PROFILE_TIMEOUT s) into $OUT; the
+#    layouts it timed more than 3 % faster than a map's default are exported as ZOO_FUSED_CONFIG for what follows
+#    (unless it is set), and the check records it.
 # 3b. `make device-check` into $OUT/check, stopped after $CHECK_TIMEOUT s (its report is rewritten after every item,
 #    so a run cut short keeps what finished). The folder is then packed into $OUT/check.tar.gz, its device_check.md
 #    and device_check.json left beside it.
@@ -71,6 +73,20 @@ step() {
         echo "== $name: exit status $code after $((SECONDS - start)) s"
     fi
     [ "$code" = 0 ]
+}
+
+profile_config() {
+    # The layouts the profile timed faster than a map's default (`fastest_config` in kernel_profile.json), for the
+    # check and tests that follow, unless ZOO_FUSED_CONFIG is set already (by hand, or by the sweep)
+    local chosen=""
+    if [ -z "${ZOO_FUSED_CONFIG:-}" ] && [ -f "$OUT/kernel_profile.json" ]; then
+        chosen=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("fastest_config", ""))' \
+            "$OUT/kernel_profile.json" 2> /dev/null || true)
+        if [ -n "$chosen" ]; then
+            export ZOO_FUSED_CONFIG=$chosen
+            echo "ZOO_FUSED_CONFIG=$chosen (the profile's fastest layouts)"
+        fi
+    fi
 }
 
 versions() {
@@ -149,6 +165,7 @@ lease() {
         step kernel-profile "$PROFILE_TIMEOUT" - env PYTHONPATH=".:tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" \
             -m zoo_bench.kernel_profile --out "$OUT" --steps 5 || status=1
     fi
+    profile_config
     export ZOO_FLA=0
     step device-check "$CHECK_TIMEOUT" - make -s device-check DEVICE="$DEVICE" DEVICE_OUT="$OUT/check" || status=1
     if [ -d "$OUT/check" ]; then

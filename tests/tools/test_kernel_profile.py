@@ -45,3 +45,23 @@ def test_every_fused_map_is_profiled_at_its_default_block_sizes_first():
     for name, (variant, _, _) in kernel_profile.FEATURES.items():
         configs = [config for label, _, config in kernel_profile.CASES if label == name]
         assert configs[0] == "" and len(configs) > 1, (variant, configs)
+
+
+def test_the_fastest_layout_replaces_a_default_only_beyond_the_margin():
+    def case(label, config, wall_ms=None):
+        return {"label": label, "config": config, **({"wall_ms": wall_ms} if wall_ms is not None else {"error": "x"})}
+
+    cases = [
+        case("sdpa", "", 10.0),
+        case("performer", "", 9.0),
+        case("performer", "favor=32:8::64", 8.6),  # 4.4 % faster: beyond the 3 % margin
+        case("performer", "favor=128:8::64", 8.5),  # the fastest
+        case("hedgehog", "", 7.0),
+        case("hedgehog", "hedgehog=32:8::64", 6.9),  # 1.4 % faster: within the margin
+        case("linear", ""),  # the default failed: nothing to compare with
+        case("linear", "elu=64:8", 3.0),
+    ]
+    assert kernel_profile.fastest_config(cases) == "favor=128:8::64"
+    cases[5]["wall_ms"] = 6.5  # 7.1 % faster
+    assert kernel_profile.fastest_config(cases) == "favor=128:8::64,hedgehog=32:8::64"
+    assert kernel_profile.fastest_config(cases[:2]) == ""  # a default alone

@@ -67,7 +67,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # compiled `flex_attention`, and past the default 8 dynamo falls back to the eager kernel (dense scores) silently.
 RECOMPILE_LIMIT = 256
 # the environment variables that choose zoo's kernels, recorded with the results
-SWITCHES = ("ZOO_FUSED", "ZOO_FLA", "TRITON_INTERPRET")
+SWITCHES = ("ZOO_FUSED", "ZOO_FUSED_CONFIG", "ZOO_FLA", "TRITON_INTERPRET")
 
 # The long 1-D recipes at full length: genomes at a 64 kb window, batch 8 (32 windows of 64 kb would not fit in 80 GB)
 LONG_RUNS = (
