@@ -239,7 +239,7 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
     assert "options" not in why  # linear's recipe sets none, and the record kept none
 
 
-@pytest.mark.parametrize("measured", [None, "other", "same"])
+@pytest.mark.parametrize("measured", [None, "other", "same", "gone"])
 def test_a_pick_measured_with_other_attention_options_says_so(monkeypatch, measured):
     """The recipe's options now (read from its YAML here) against those the record kept: a pick whose command would
     not run what was timed says so."""
@@ -248,7 +248,9 @@ def test_a_pick_measured_with_other_attention_options_says_so(monkeypatch, measu
     recipe = "recipes/vit_window2d_global_1024.yaml"
     window = yaml.safe_load((REPO / recipe).read_text())["model"]["attention"]["options"]["window"]
     record = {"run": "w", "attention": "window2d", "tokens": 4097, "samples_per_s": 190.0, "ok": True, "recipe": recipe}
-    if measured is not None:
+    if measured == "gone":
+        record["recipe"] = "recipes/vit_window2d_retired_1024.yaml"
+    elif measured is not None:
         record["attention_options"] = {"window": window if measured == "same" else window - 2}
     softmax = {
         **record,
@@ -267,6 +269,7 @@ def test_a_pick_measured_with_other_attention_options_says_so(monkeypatch, measu
         None: f"The check that measured it kept no attention options; the recipe now sets `window={window}`",
         "other": f"Measured with `window={window - 2}`; the recipe now sets `window={window}`",
         "same": None,
+        "gone": "Its recipe, `recipes/vit_window2d_retired_1024.yaml`, is no longer shipped",
     }[measured]
     if expected is None:
         assert "options" not in why and "Measured" not in why, why

@@ -95,7 +95,10 @@ def _options_note(record: dict[str, Any]) -> str:
     (older checks) did not keep them while the recipe now sets some: a sentence saying so, else ""."""
     from zoo.config import load_recipe
 
-    now = load_recipe(REPO_ROOT / record["recipe"], list(record.get("overrides") or [])).model.attention.options
+    path = REPO_ROOT / record["recipe"]
+    if not path.exists():
+        return f". Its recipe, `{record['recipe']}`, is no longer shipped"
+    now = load_recipe(path, list(record.get("overrides") or [])).model.attention.options
     measured = record.get("attention_options")
     if measured is None and now:
         return (
