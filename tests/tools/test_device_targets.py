@@ -92,8 +92,12 @@ def _lease(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Pat
 @pytest.mark.slow
 def test_the_lease_runs_the_check_and_the_tests_and_returns_at_most_8_files(tmp_path):
     wheel = _wheel(tmp_path / "wheels")
+    # a kernel profile's pick (on a GPU the lease's own profile writes it): the check runs with it and records it
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kernel_profile.json").write_text(json.dumps({"cases": [], "fastest_config": "elu=64:8"}))
     proc, out = _lease(
         tmp_path,
+        ZOO_FUSED_CONFIG="",
         DEVICE_PARTS="correctness",
         TEST_TIMEOUT="120",
         DEVICE_TEST_ARGS="",
@@ -103,11 +107,13 @@ def test_the_lease_runs_the_check_and_the_tests_and_returns_at_most_8_files(tmp_
     assert proc.returncode == 0, proc.stdout[-3000:]
     files = [path.relative_to(out) for path in out.rglob("*") if path.is_file()]
     assert sorted(map(str, files)) == [
-        "check.tar.gz", "device_check.json", "device_check.md", "lease.log", "test.log"
+        "check.tar.gz", "device_check.json", "device_check.md", "kernel_profile.json", "lease.log", "test.log"
     ]  # fmt: skip
     with tarfile.open(out / "check.tar.gz") as archive:
         assert "check/device_check.json" in archive.getnames()
-    assert json.loads((out / "device_check.json").read_text())["parts"]["correctness"]["status"] == "done"
+    check = json.loads((out / "device_check.json").read_text())
+    assert check["parts"]["correctness"]["status"] == "done"
+    assert check["environment"]["ZOO_FUSED_CONFIG"] == "elu=64:8"
     log = (out / "lease.log").read_text()
     assert log == proc.stdout
     assert wheel.name in log and (tmp_path / "site" / "leaseprobe.py").is_file()
