@@ -24,6 +24,8 @@ import torch
 from zoo.attention import create_attention
 from zoo.attention._fused_linear import force_fused
 
+from .device_parts import sync
+
 # name -> (variant, options, `Feature` name), in the order swept
 FEATURES = {
     "performer": ("performer", {"nb_features": 256}, "favor"),
@@ -39,11 +41,6 @@ CONFIGS = ("64:8::64", "32:8::0", "64:4::64", "32:4::64", "128:8::64", "64:8:tf3
 SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}
 # The CPU rehearsal (Triton's interpreter): the same shapes' roles at toy sizes
 CPU_SHAPES = {"vit_s_1024": (2, 65, 64, 1), "64k": (1, 256, 64, 1)}
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def layer_step(module, x, grad, device: str) -> None:

@@ -28,7 +28,8 @@ from torch.profiler import ProfilerActivity, profile
 from zoo.attention import _fused_linear, create_attention, get_attention
 from zoo.attention._grid import GridAttention
 
-from .kernel_configs import FEATURES, layer_step, median_ms, sync
+from .device_parts import sync
+from .kernel_configs import FEATURES, layer_step, median_ms
 from .recall import parse_variant
 
 # (label, variant with options as `recall.parse_variant` reads them, ZOO_FUSED_CONFIG or "" for the kernels' own

@@ -121,7 +121,7 @@ def compile_launch(launch: Launch, arch: int) -> Resources:
     backend = make_backend(target)
     # The launcher's own specialisation of these arguments (a pointer or an integer divisible by 16 compiles with
     # that divisibility, an integer 1 as a constant), by triton's own binder: without it ptxas saw unaligned loads
-    # and reported 4-10x the stack and spills, and up to 2.8x the shared memory, that an H200 ran the kernels with.
+    # and reported many times the spills, and up to 2.5x the shared memory, that an H200 ran the kernels with.
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(
