@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
     unstable = [item.nodeid for item in items if " at 0x" in item.nodeid]
     if unstable:
         raise pytest.UsageError(f"test ids that hold a memory address (give the parametrize ids): {unstable[:3]}")
-    # The tests marked slow (multi-process and end-to-end runs, up to minutes each) first: the two processes share
+    # The tests marked slow (multi-process and end-to-end runs, the suite's longest) first: the two processes share
     # them from the start and finish on the short tests, rather than one process ending on a long tail alone.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

@@ -1,8 +1,8 @@
 """The suite's one torchrun launch (tests/distributed_worker.py on two CPU processes), made once per pytest session
 for the tests that read its runs: tests/train/test_replicas.py, tests/train/test_fsdp.py and
-tests/convert/test_convert_tool.py (through the `distributed_runs` fixture of tests/conftest.py). A launch pays about
-25 s of CPU in imports alone (torch, timm, torchmetrics and zoo in torchrun's agent and each of its two workers):
-one launch rather than one per test file took the three files from about 178 to 133 s of CPU on 2 cores.
+tests/convert/test_convert_tool.py (through the `distributed_runs` fixture of tests/conftest.py). A launch pays
+three processes' imports (torch, timm, torchmetrics and zoo in torchrun's agent and each of its two workers) before
+any run starts, so one launch for the three files, rather than one each, pays them once.
 
 The launch starts as soon as collection ends (`start`, from tests/conftest.py's `pytest_collection_finish`), in a
 thread of one process, so that its two processes run beside the tests rather than while a worker waits for them:
@@ -30,7 +30,7 @@ from helpers import conversion_inputs, fsdp_recipe_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed_worker.py"
-# the launch takes about 70 s on 2 idle cores
+# far above what the launch takes on idle cores: a machine shared with other jobs may run it several times slower
 TIMEOUT = 1200
 MARKER = re.compile(r"^=== (.+) ===$", flags=re.MULTILINE)  # distributed_worker.MARKER
 # the thread `start` made the launch in, in the process that claimed it

@@ -1,7 +1,7 @@
 """The suite's one torchrun launch, on two CPU processes: the distributed runs that tests/train/test_replicas.py,
 tests/train/test_fsdp.py and tests/convert/test_convert_tool.py read, one after another in the same two processes,
-so that the imports of torch, timm, torchmetrics and zoo (about 11 s of CPU in each of torchrun's three processes)
-are paid once rather than once per test file. tests/distributed_launch.py starts it once per pytest session.
+so that the imports of torch, timm, torchmetrics and zoo (in each of torchrun's three processes) are paid once
+rather than once per test file. tests/distributed_launch.py starts it once per pytest session.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 tests/distributed_worker.py \\
         OUT FSDP_RECIPE TEACHER STUDENT_RECIPE

@@ -33,7 +33,7 @@ from zoo import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Inductor's C++ build takes 15-60 s a graph on 2 cores with its cache cold, more than the suite can give a test:
+# Inductor's C++ build of a graph with its cache cold takes longer than the suite can give a test on a small CPU:
 # the compiled-path tests run AOTAutograd's graphs (what inductor receives) on `aot_eager` unless
 # ZOO_TEST_INDUCTOR=1 (a machine with cores to spare), which compiles them with inductor itself.
 def compile_backend() -> str:
@@ -209,7 +209,7 @@ def hide_cuda(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
 
 def run_tool_here(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """`python ARGS` from `cwd` (a command line as a user runs it: its exit status and captured text output) in this
-    process, for a test whose point is not the fresh process (it saves 5-10 s of imports; the fresh processes are
+    process, for a test whose point is not the fresh process (it saves an interpreter's imports; the fresh processes are
     README's, launched by tests/test_docs.py, and the sweep tools' runs): `tools/<name>.py` runs as `__main__` with
     sys.argv, sys.path[0] and the working directory as `python` sets them; its stdout and stderr are captured, log
     records included (the root logger is left without handlers, so `run_cli`'s `logging.basicConfig` writes to the
@@ -260,7 +260,8 @@ def sweep_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep tools' runs (`zoo_bench.leaderboard.run_child`: `python tools/train.py ... --test` in a fresh
     process each) through `run_tool_here` in this process, for a test of what a tool makes of its runs' own files
     rather than of the fresh process (tests/tools/test_leaderboard.py and README's leaderboard block launch those);
-    each saves an interpreter's imports, about 11 s of CPU. The log holds the run's output; its peak memory reads 0."""
+    each saves an interpreter's imports of torch, timm and zoo. The log holds the run's output; its peak memory reads
+    0."""
     from zoo_bench import leaderboard
 
     def run_child(command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict:

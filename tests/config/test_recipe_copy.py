@@ -1,6 +1,7 @@
-"""A recipe copied out of recipes/ keeps working (issue 34 item 4): its relative `base:` found in the project, a
-changed dataset, attention or model kind starting that section's options from empty, errors naming the file the
-user wrote; and every shipped recipe, copied to a folder of its own with its dataset changed, trains a step."""
+"""A recipe copied out of recipes/ keeps working, as a user starts their own: its relative `base:` found in the
+project, a changed dataset, attention or model kind starting that section's options from empty, errors naming the
+file the user wrote; and every shipped recipe, copied to a folder of its own with its dataset changed, trains a
+step."""
 
 from __future__ import annotations
 

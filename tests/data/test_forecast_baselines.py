@@ -1,5 +1,6 @@
-"""Every forecast is scored beside both baselines the README names (issue 34 item 5): seasonal-naive where the
-series' season is known, the naive last value (its one-step season) where it is not, as for your own CSV."""
+"""Every forecast is scored beside both baselines the README names, so a model's error always has a floor to beat:
+seasonal-naive where the series' season is known, the naive last value (its one-step season) where it is not, as
+for your own CSV."""
 
 import numpy as np
 import pytest

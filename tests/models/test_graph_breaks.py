@@ -8,8 +8,8 @@ every custom autograd Function), none of the code generation, so the file stays 
 with `aot_eager`, AOTAutograd's graphs as well (the per-attention compile check of the timm model contract). The
 backward then runs on the traced forward's output, and the output and every gradient must equal those of an eager
 copy. Once without a mask, once with a key padding mask, causal for the variants with a causal mode: the paths a
-GPU runs with `backend="torch"` (the CPU-only flash-parts path steps aside under compile). About 1 s of tracing
-per variant and call (`eager`), 1-4 s (`aot_eager`).
+GPU runs with `backend="torch"` (the CPU-only flash-parts path steps aside under compile). Tracing with `eager`,
+and with `aot_eager` only for the masked and causal calls, keeps the file short enough to cover every variant.
 
 A variant that cannot trace whole is listed in `KNOWN_BREAKS` with the reason; its test is a strict xfail, so it
 fails once the break is gone (take it off the list) as well as for any variant off the list that breaks. Last, a

@@ -291,7 +291,7 @@ class TrainConfig:
     log_with: str | None = field(default=None, metadata={"choices": lambda: TRACKERS})
     # torch.compile of the model through accelerate's dynamo plugin (inductor): false runs it eagerly; true or one of
     # torch.compile's modes (true: 'default'); cuda: 'default' where the run has a CUDA GPU, eager on a CPU (where
-    # compiling costs minutes and gains little). The first step's time, which includes compiling, and the steady step
+    # compiling takes long and gains little). The first step's time, which includes compiling, and the steady step
     # time go into train.log and train_summary.json (first_step_s, step_s, compile_s); samples/s leaves it out.
     compile: Literal[COMPILE_CHOICES] = False
     # an exponential moving average of the weights (null: none); see EmaConfig

@@ -77,10 +77,11 @@ class ShortConv(nn.Module):
     token; positions a `[b, n]` keep mask drops are zeroed first, so they do not reach their neighbours either.
 
     Initialised to `x_i + x_{i-1}` (the last two taps 1, bias 0): every token starts bound to the one before it,
-    the one-token shift with which the issue's small models first learned MQAR. The start matters for the
-    linear-cost variants: on `recall_mqar_quick` with `linear` (600 steps, seed 0, validation accuracy) PyTorch's
-    random start gave 0.066, the identity 0.058, and this start 0.573; softmax learns from any of them. timm's ViT
-    initialisation resets every `Conv1d` it meets and then calls `init_weights`, which puts this start back.
+    the one-token shift that lets small models learn MQAR, where a key's value is the token after it. The start
+    matters for the linear-cost variants: on `recall_mqar_quick` with `linear`, PyTorch's random start and the
+    identity leave the model far below what this start reaches in the same steps; softmax learns from any of them.
+    timm's ViT initialisation resets every `Conv1d` it meets and then calls `init_weights`, which puts this start
+    back.
     """
 
     def __init__(self, dim: int, kernel_size: int = 3) -> None:

@@ -199,7 +199,8 @@ def gc_nearest_mean_accuracy(
     root: str | os.PathLike | None = None,
 ) -> float:
     """Accuracy of the composition baseline on ``Genomes(split, ...)``: each window gets the species whose
-    mean GC content over the training windows is nearest to its own (about 0.71 at 1 kb; chance 0.25)."""
+    mean GC content over the training windows is nearest to its own (chance 0.25). It gives the trained models a
+    floor that needs no attention at all; what it reaches beside them: benchmarks/cpu/recipes.md."""
     train = Genomes("train", window=window, num_windows=num_train_windows, seed=seed, root=root)
     evaluated = Genomes(split, window=window, num_windows=num_windows, seed=seed, root=root)
     train_gc = np.array([gc_content(train.window_codes(i)[0]) for i in range(len(train))])

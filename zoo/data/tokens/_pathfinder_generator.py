@@ -28,7 +28,8 @@ Contour length is 14 paddles for ``hard`` (LRA's task), 9 for ``intermediate``, 
 2x, a 1 px border kept free. Target paddles shine at ``paddle contrast * snake contrast``, distractors at ``snake
 contrast``, markers at 1, and each image is scaled so that its brightest pixel is 255.
 
-Differences from snakes2, for exact labels and speed (about 500 images/s at 32 px on one CPU core):
+Differences from snakes2, for exact labels and speed (fast enough to draw the images on every core as a run needs
+them, rather than ship them):
 (1) geometry is continuous (paddles start on a half-pixel grid, whole-degree orientations) and a paddle's centre
 line must stay ``max(thickness, 1) + 2 * margin`` px from every other paddle but its own predecessor; snakes2 compares
 anti-aliased masks on the pixel grid and skips the other target snake's newest paddle, so its two target snakes

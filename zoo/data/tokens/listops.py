@@ -17,7 +17,7 @@ the long version from Tay et al., "Long Range Arena", ICLR 2021, https://arxiv.o
 
 Generation is LRA's own process (the same distribution over trees, labels and lengths), with rejection to the
 length range made cheap: a tree is abandoned as soon as it outgrows ``max_length``, so a rejected draw costs at
-most ``max_length`` tokens (1,000 samples of 500-2000 tokens: about 0.6 s of CPU). Labels follow LRA's
+most ``max_length`` tokens and generating a split stays a small part of a run. Labels follow LRA's
 distribution, which favours 0 and 9 (MIN and MAX of many arguments): 15-17% each against 7-10% for the others.
 
 Sample ``i`` of a split depends only on (seed, split, i) and the options. Samples are dicts: ``tokens`` int64

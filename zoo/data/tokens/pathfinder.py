@@ -7,8 +7,8 @@ Tay et al., "Long Range Arena", ICLR 2021, https://arxiv.org/abs/2011.04006 (Pat
 An image holds two target snakes, each a chain of ``contour_length`` short line segments ("paddles") separated by
 gaps, whose tails start ``seed_distance`` px apart, plus short distractor snakes. One marker sits on the tail of a
 target snake; the other on the far end of the same snake (label 1, "connected") or of the other one (label 0).
-How the snakes are drawn, LRA's settings per resolution and the differences from snakes2 (exact labels, about
-500 images/s at 32 px on one CPU core): ``zoo/data/tokens/_pathfinder_generator.py``.
+How the snakes are drawn, LRA's settings per resolution and the differences from snakes2 (exact labels, fast
+enough to draw on the fly): ``zoo/data/tokens/_pathfinder_generator.py``.
 
 Sample ``i`` depends only on (seed, split, i) and the options. The datasets built from recipes cache the images
 of a split on disk (``data.options.cache``, on by default): drawn once, on every core, into
