@@ -153,15 +153,15 @@ def check_bf16_long_sequence_is_finite(name: str) -> None:
 # Knobs that cut the hand-written kernels into many small blocks at N = 37, so that ragged last blocks, online
 # maxima across blocks and the flash-parts path (blocks of 64 and more by default) all run.
 SMALL_BLOCKS = {
-    "zoo.attention._flash_parts.FLASH_MIN_BLOCK": 1,
-    "zoo.attention._flash_parts.FLASH_KEY_TILE": 1,
-    "zoo.attention._flash_parts.PIECE_BYTES": 1,
-    "zoo.attention.performer._BLOCK_BYTES": 16 * 2 * 2 * 24 * 8,
-    "zoo.attention.linear._BLOCK_BYTES": 8 * 2 * 2 * 17 * 8,
-    "zoo.attention.linformer._BLOCK_BYTES": 8 * 2 * 2 * 7 * 8,
-    "zoo.attention.linformer._MAX_KEY_BLOCK": 7,
-    "zoo.attention.reformer.BLOCK_SCORES": 2 * 8 * 16,
-    "zoo.attention.gau._PASS_BYTES": 1,
+    "zoo.attention._kernels.flash_parts.FLASH_MIN_BLOCK": 1,
+    "zoo.attention._kernels.flash_parts.FLASH_KEY_TILE": 1,
+    "zoo.attention._kernels.flash_parts.PIECE_BYTES": 1,
+    "zoo.attention._kernels.blocked_linear.FAVOR_BLOCK_BYTES": 16 * 2 * 2 * 24 * 8,
+    "zoo.attention._kernels.blocked_linear.LINEAR_BLOCK_BYTES": 8 * 2 * 2 * 17 * 8,
+    "zoo.attention._kernels.blocked_softmax._BLOCK_BYTES": 8 * 2 * 2 * 7 * 8,
+    "zoo.attention._kernels.blocked_softmax._MAX_KEY_BLOCK": 7,
+    "zoo.attention._kernels.reformer.BLOCK_SCORES": 2 * 8 * 16,
+    "zoo.attention._kernels.gau._PASS_BYTES": 1,
 }
 
 

@@ -1,4 +1,4 @@
-"""The private ATen operators of the CPU flash-parts path (`zoo.attention._flash_parts`), checked against the
+"""The private ATen operators of the CPU flash-parts path (`zoo.attention._kernels.flash_parts`), checked against the
 running torch: their schemas are the ones the parts were written against, and a torch that lacks or changes one
 turns the parts off, with a warning, for the masked F.scaled_dot_product_attention path."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.attention import _flash_parts
+from zoo.attention._kernels import flash_parts as _flash_parts
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def test_the_private_operators_keep_the_schemas_the_parts_were_written_against(n
     assert packet is not None, f"torch {torch.__version__} has no aten::{name}: the CPU flash parts are off"
     actual, expected = str(packet.default._schema), _flash_parts.FLASH_OP_SCHEMAS[name]
     assert actual == expected, (
-        f"torch {torch.__version__} changed aten::{name}: the CPU flash parts are off until _flash_parts.py is "
+        f"torch {torch.__version__} changed aten::{name}: the CPU flash parts are off until _kernels/flash_parts.py is "
         f"checked against\n  {actual}\nand FLASH_OP_SCHEMAS updated (was\n  {expected})"
     )
     assert _flash_parts.flash_ops_problem() is None

@@ -95,10 +95,11 @@ def test_reference_wins_over_auto(name, monkeypatch):
     with torch.no_grad():
         expected = torch_path(x)
     monkeypatch.setattr(importlib.import_module(f"zoo.attention.{name}"), "flex_attend", refuse)
-    monkeypatch.setattr(importlib.import_module(f"zoo.attention.{name}"), "use_flex", lambda *args: True)
     attention = zoo.create_attention(name, DIM, HEADS, reference=True, **options_of(name)).eval()
     # the same weights and random buffers
     attention.load_state_dict(torch_path.state_dict())
+    # FlexAttention forced on past the constructor's check: `choose_path` would take it but for the reference
+    attention.backend = "flex"
     with torch.no_grad():
         torch.testing.assert_close(attention(x), expected, rtol=1e-4, atol=1e-5)
 
@@ -129,3 +130,21 @@ def test_flex_forward_equals_the_torch_path(name, options, is_causal):
         out = flex(x, keep, is_causal)
         torch.testing.assert_close(out, torch_path(x, keep, is_causal), rtol=1e-5, atol=1e-5)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("reference", [False, True])
+def test_one_forward_is_one_choose_path_decision(name, reference, monkeypatch):
+    """The module decides its path once per call, through `choose_path` (here: N too short for the flash parts)."""
+    module = importlib.import_module(f"zoo.attention.{name}")
+    choose_path, decisions = module.choose_path, []
+
+    def recording(q, **options):
+        decisions.append(choose_path(q, **options))
+        return decisions[-1]
+
+    monkeypatch.setattr(module, "choose_path", recording)
+    attention = zoo.create_attention(name, DIM, HEADS, reference=reference, **options_of(name)).eval()
+    with torch.no_grad():
+        attention(inputs()[0])
+    assert [path.value for path in decisions] == ["reference" if reference else "torch"]

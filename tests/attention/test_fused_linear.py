@@ -1,4 +1,5 @@
-"""The fused Triton kernels of the non-causal linear family (`zoo.attention._fused_linear`) against the torch paths.
+"""The fused Triton kernels of the non-causal linear family (`zoo.attention._kernels.fused_linear`) against the torch
+paths.
 
 On a machine without a GPU the kernels run in Triton's interpreter on CPU tensors (`tests/conftest.py` sets
 `TRITON_INTERPRET=1`), with the fused path forced (`force_fused`); with a GPU they run compiled on CUDA. Every
@@ -11,8 +12,9 @@ import pytest
 import torch
 from builders import grads
 
-import zoo.attention._fused_linear as fused
-from zoo.attention._fused_linear import force_fused
+from zoo.attention._features import Feature
+from zoo.attention._kernels.fused_linear import force_fused, launch
+from zoo.attention._kernels.fused_linear.plan import Plan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
@@ -73,13 +75,13 @@ def relative(a, b):
 def counting_forward(monkeypatch) -> list:
     """Replace the op's forward with one that counts its calls."""
     calls = []
-    original = fused._forward
+    original = launch.forward
 
     def counted(*args):
         calls.append(args[0].device.type)
         return original(*args)
 
-    monkeypatch.setattr(fused, "_forward", counted)
+    monkeypatch.setattr(launch, "forward", counted)
     return calls
 
 
@@ -110,9 +112,9 @@ def test_fused_kernels_split_the_sequence_over_programs(case):
     reference.load_state_dict(module.state_dict())
     x = builders.tokens(1, 300, 16)
     heads = torch.empty(1, 1, 300, 16, device=DEVICE)
-    plan = fused._Plan(heads, heads, 16, 0, 0.0)
+    plan = Plan(heads, heads, 16, 0, 0.0)
     assert plan.splits > 1 and plan.tiles > 1
-    assert fused._Plan(heads, heads, 24, fused.Feature.FAVOR, 0.0).chunks == 2  # performer's, chunk by chunk
+    assert Plan(heads, heads, 24, Feature.FAVOR, 0.0).chunks == 2  # performer's, chunk by chunk
     for got, want in zip(run(module, x), run(reference, x, device="cpu", force=False), strict=True):
         assert relative(got, want) < 1e-5
 
@@ -228,41 +230,41 @@ def test_tf32_products_stay_close_to_fp32(case, monkeypatch):
 def test_zoo_fused_config_sets_rows_and_warps_per_feature_map(monkeypatch):
     q = torch.empty(1, 1, 100, 16)
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "elu=32:4,favor=16:8")
-    assert (fused._Plan(q, q, 16, fused.Feature.ELU, 0.0).block_n, fused._Plan(q, q, 16, 0, 0.0).warps) == (32, 4)
-    assert (fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).block_n, fused._Plan(q, q, 16, 1, 0.0).warps) == (16, 8)
-    default = fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0)
+    assert (Plan(q, q, 16, Feature.ELU, 0.0).block_n, Plan(q, q, 16, 0, 0.0).warps) == (32, 4)
+    assert (Plan(q, q, 16, Feature.FAVOR, 0.0).block_n, Plan(q, q, 16, 1, 0.0).warps) == (16, 8)
+    default = Plan(q, q, 16, Feature.HEDGEHOG, 0.0)
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "64:8")
-    assert (fused._Plan(q, q, 16, fused.Feature.HEDGEHOG, 0.0).block_n, default.block_n) == (64, 64)
+    assert (Plan(q, q, 16, Feature.HEDGEHOG, 0.0).block_n, default.block_n) == (64, 64)
     half, fp16 = q.to(torch.bfloat16), q.to(torch.float16)
     # by default bf16 operands for bf16 inputs, tf32 for fp16 ones (bf16 would cut their mantissa), exact for fp32
     monkeypatch.delenv("ZOO_FUSED_CONFIG")
-    precisions = [fused._Plan(x, x, 16, fused.Feature.FAVOR, 0.0).prec for x in (half, fp16, q)]
+    precisions = [Plan(x, x, 16, Feature.FAVOR, 0.0).prec for x in (half, fp16, q)]
     assert precisions == ["bf16", "tf32", "ieee"]
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8:tf32")
-    assert fused._Plan(half, half, 16, fused.Feature.FAVOR, 0.0).prec == "tf32"
+    assert Plan(half, half, 16, Feature.FAVOR, 0.0).prec == "tf32"
     monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8:bf16")
-    assert fused._Plan(fp16, fp16, 16, fused.Feature.FAVOR, 0.0).prec == "bf16"
-    assert fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0).prec == "ieee"  # fp32 inputs keep exact products
+    assert Plan(fp16, fp16, 16, Feature.FAVOR, 0.0).prec == "bf16"
+    assert Plan(q, q, 16, Feature.FAVOR, 0.0).prec == "ieee"  # fp32 inputs keep exact products
     for bad in ("favor=64", "favor=32:8:fp8", "favor=a:b", "favor=64:4::24", "favor=64:4::8", "favor=64:4:::"):
         monkeypatch.setenv("ZOO_FUSED_CONFIG", bad)
         with pytest.raises(ValueError, match=f"'{bad}' is not rows:warps"):
-            fused._Plan(q, q, 16, fused.Feature.FAVOR, 0.0)
+            Plan(q, q, 16, Feature.FAVOR, 0.0)
 
 
 @pytest.mark.parametrize(
     "feature, features, config, expected",
     [
         # (chunks, columns a chunk holds, first column of chunk 1, real columns a chunk)
-        (fused.Feature.FAVOR, 256, "", (4, 64, 64, 64)),
-        (fused.Feature.FAVOR, 256, "favor=32:8::0", (1, 256, 256, 256)),
-        (fused.Feature.FAVOR, 200, "favor=32:8::128", (2, 128, 128, 128)),
-        (fused.Feature.FAVOR, 64, "", (1, 64, 64, 64)),
-        (fused.Feature.RELU, 96, "", (2, 64, 64, 64)),
-        (fused.Feature.HEDGEHOG, 128, "", (1, 128, 128, 128)),
-        (fused.Feature.HEDGEHOG, 128, "hedgehog=64:4::64", (2, 64, 64, 64)),
-        (fused.Feature.HEDGEHOG, 96, "hedgehog=64:4::16", (2, 64, 48, 48)),
-        (fused.Feature.HEDGEHOG, 64, "", (1, 64, 64, 64)),
-        (fused.Feature.ELU, 128, "elu=64:4::16", (1, 128, 128, 128)),
+        (Feature.FAVOR, 256, "", (4, 64, 64, 64)),
+        (Feature.FAVOR, 256, "favor=32:8::0", (1, 256, 256, 256)),
+        (Feature.FAVOR, 200, "favor=32:8::128", (2, 128, 128, 128)),
+        (Feature.FAVOR, 64, "", (1, 64, 64, 64)),
+        (Feature.RELU, 96, "", (2, 64, 64, 64)),
+        (Feature.HEDGEHOG, 128, "", (1, 128, 128, 128)),
+        (Feature.HEDGEHOG, 128, "hedgehog=64:4::64", (2, 64, 64, 64)),
+        (Feature.HEDGEHOG, 96, "hedgehog=64:4::16", (2, 64, 48, 48)),
+        (Feature.HEDGEHOG, 64, "", (1, 64, 64, 64)),
+        (Feature.ELU, 128, "elu=64:4::16", (1, 128, 128, 128)),
     ],
 )
 def test_features_past_64_columns_are_held_in_chunks(feature, features, config, expected, monkeypatch):
@@ -270,8 +272,8 @@ def test_features_past_64_columns_are_held_in_chunks(feature, features, config, 
     hedgehog whole unless asked for its halves (one softmax each), linear's elu + 1 always whole (its features are q's
     and k's own columns); `ZOO_FUSED_CONFIG` sets it."""
     monkeypatch.setenv("ZOO_FUSED_CONFIG", config)
-    q = torch.empty(1, 1, 100, 128 if feature == fused.Feature.ELU else 64)
-    plan = fused._Plan(q, q[..., :64], features, feature, 0.0)
+    q = torch.empty(1, 1, 100, 128 if feature == Feature.ELU else 64)
+    plan = Plan(q, q[..., :64], features, feature, 0.0)
     assert (plan.chunks, plan.block_c, plan.chunk_stride, plan.chunk_width) == expected
 
 
@@ -283,21 +285,21 @@ class _Picky:
         self.kernel, self.always, self.refused = kernel, always, 0
 
     def __getitem__(self, grid):
-        def launch(*args, **kwargs):
+        def launched(*args, **kwargs):
             if self.always or kwargs.get("num_stages") != 1:
                 self.refused += 1
-                raise fused.OutOfResources(300_000, 232_448, "shared memory")
+                raise launch.OutOfResources(300_000, 232_448, "shared memory")
             return self.kernel[grid](*args, **kwargs)
 
-        return launch
+        return launched
 
 
 def test_a_kernel_the_gpu_refuses_is_launched_again_smaller(monkeypatch):
     """The key backward refused at the default plan: the backward runs again at the next level (one pipeline stage),
     equal to the torch path, and later calls start at that level."""
-    picky = _Picky(fused._key_backward_kernel)
-    monkeypatch.setattr(fused, "_key_backward_kernel", picky)
-    monkeypatch.setattr(fused, "_FITTED", {})
+    picky = _Picky(launch._key_backward_kernel)
+    monkeypatch.setattr(launch, "_key_backward_kernel", picky)
+    monkeypatch.setattr(launch, "FITTED", {})
     name, options = FUSED["performer"]
     module = builders.make(name, DIM, HEADS, **options)
     reference = builders.make(name, DIM, HEADS, **torch_path(name, options))
@@ -306,14 +308,14 @@ def test_a_kernel_the_gpu_refuses_is_launched_again_smaller(monkeypatch):
     keep = builders.padding(BATCH, LENGTH, drop=0.3)
     for got, want in zip(run(module, x, keep), run(reference, x, keep, device="cpu", force=False), strict=True):
         assert relative(got, want) < 1e-5
-    assert picky.refused == 1 and list(fused._FITTED.values()) == [1]
+    assert picky.refused == 1 and list(launch.FITTED.values()) == [1]
     run(module, x, keep)
     assert picky.refused == 1
 
 
 def test_a_gpu_too_small_for_every_level_names_the_torch_path(monkeypatch):
-    monkeypatch.setattr(fused, "_output_kernel", _Picky(fused._output_kernel, always=True))
-    monkeypatch.setattr(fused, "_FITTED", {})
+    monkeypatch.setattr(launch, "_output_kernel", _Picky(launch._output_kernel, always=True))
+    monkeypatch.setattr(launch, "FITTED", {})
     module = builders.make("linear", DIM, HEADS)
     with pytest.raises(RuntimeError, match="do not fit this GPU's shared memory even at their smallest.*ZOO_FUSED=0"):
         run(module, builders.tokens(BATCH, LENGTH, DIM))
@@ -325,5 +327,5 @@ def test_shrink_levels_give_up_pipelining_whole_features_then_rows(level, expect
     chunked by halves, at 4 a tile has a quarter of its rows, at least 16."""
     monkeypatch.delenv("ZOO_FUSED_CONFIG")
     q = torch.empty(1, 1, 100, 64)
-    plan = fused._Plan(q, q, 128, fused.Feature.HEDGEHOG, 0.0, level)
+    plan = Plan(q, q, 128, Feature.HEDGEHOG, 0.0, level)
     assert (plan.block_n, plan.chunks, plan.stages) == expected

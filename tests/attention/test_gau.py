@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import zoo
-from zoo.attention import gau
+from zoo.attention._kernels import gau as gau_kernel
 from zoo.attention.gau import (
     GatedAttentionUnit,
     mixed_chunk_attention,
@@ -34,7 +34,7 @@ def padding(n: int = N) -> torch.Tensor:
 @pytest.mark.parametrize("one_chunk_per_pass", [False, True])
 def test_mixed_chunk_equals_dense_reference(monkeypatch, is_causal, n, group_size, masked, one_chunk_per_pass):
     if one_chunk_per_pass:
-        monkeypatch.setattr(gau, "_PASS_BYTES", 1)
+        monkeypatch.setattr(gau_kernel, "_PASS_BYTES", 1)
     inputs = qkv_inputs(n)
     options = {"mask": padding(n) if masked else None, "is_causal": is_causal, "group_size": group_size}
     fast = mixed_chunk_attention(*inputs, **options)

@@ -6,7 +6,12 @@ import torch
 from builders import grads
 
 import zoo
-from zoo.attention.hedgehog import hedgehog_attention, hedgehog_features, identity_feature_map
+from zoo.attention.hedgehog import (
+    hedgehog_attention,
+    hedgehog_attention_reference,
+    hedgehog_features,
+    identity_feature_map,
+)
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
@@ -36,26 +41,6 @@ def naive_features(x, weight):
     return torch.cat([logits.softmax(-1), (-logits).softmax(-1)], -1)
 
 
-def naive_hedgehog(q, k, v, fq, fk, mask=None, is_causal=False, window=0, gate=None):
-    """Dense reference: weights phi(q).phi(k) outside the band, gate * exp(s - max over the band) inside it, zero
-    for padded and (causal) future keys, normalised over the keys."""
-    n = q.shape[-2]
-    offsets = torch.arange(n)[:, None] - torch.arange(n)
-    allowed = (offsets >= 0) if is_causal else torch.ones(n, n, dtype=torch.bool)
-    allowed = allowed[None, None] if mask is None else allowed & mask[:, None, None, :]
-    weights = naive_features(q, fq) @ naive_features(k, fk).transpose(-1, -2)
-    if window:
-        band = (offsets.abs() <= window) & (offsets >= 0 if is_causal else True)
-        in_band = band & allowed
-        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-        peak = scores.masked_fill(~in_band, -torch.inf).amax(-1, keepdim=True)
-        peak = torch.where(peak.isfinite(), peak, torch.zeros_like(peak))
-        exact = torch.exp(scores - peak) * (1.0 if gate is None else gate[:, None, None])
-        weights = torch.where(band, exact, weights)
-    weights = weights.masked_fill(~allowed, 0.0)
-    return (weights @ v) / weights.sum(-1, keepdim=True).clamp_min(1e-12)
-
-
 def test_features_are_two_distributions_and_padded_keys_are_zero():
     x = gaussians(2, 3, 11, 8, seed=1, scale=5.0)
     weight = identity_feature_map(3, 8, 8, dtype=torch.float64)
@@ -71,6 +56,9 @@ def test_features_are_two_distributions_and_padded_keys_are_zero():
     # the identity map: softmax of x itself, and of -x
     torch.testing.assert_close(phi[0, ..., :8], x[0].softmax(-1))
     torch.testing.assert_close(phi[0, ..., 8:], (-x[0]).softmax(-1))
+    # any map: the two softmaxes of x W, as the reference computes them
+    weight = gaussians(3, 8, 6, seed=2)
+    torch.testing.assert_close(hedgehog_features(x, weight), naive_features(x, weight))
 
 
 @pytest.mark.parametrize("features", [8, 5, 24])
@@ -101,7 +89,7 @@ def test_equals_the_dense_reference_with_gradients(window, is_causal, chunk_size
         mask[1, 21:] = False
         mask[0, 3] = False
     out = hedgehog_attention(q, k, v, fq, fk, mask, is_causal, window=window, window_gate=gate, chunk_size=chunk_size)
-    expected = naive_hedgehog(q, k, v, fq, fk, mask, is_causal, window, gate)
+    expected = hedgehog_attention_reference(q, k, v, fq, fk, mask, is_causal, window=window, window_gate=gate)
     torch.testing.assert_close(out, expected)
     # A band over the whole sequence leaves no key to the feature maps: they get no gradient at all.
     tensors = (q, k, v) + ((fq, fk) if window < LENGTH else ()) + ((gate,) if window else ())
@@ -125,7 +113,9 @@ def test_module_is_the_function_between_timm_projections(window):
     gate = None if window == 0 else attention.window_factor.sigmoid()
     for causal in (False, True):
         q, k, v = attention.project_qkv(x)
-        out = naive_hedgehog(q, k, v, attention.feature_map_q, attention.feature_map_k, None, causal, window, gate)
+        out = hedgehog_attention_reference(
+            q, k, v, attention.feature_map_q, attention.feature_map_k, None, causal, window=window, window_gate=gate
+        )
         expected = attention.proj(out.transpose(1, 2).flatten(2))
         torch.testing.assert_close(attention(x, is_causal=causal), expected)
 

@@ -3,13 +3,11 @@
 import builders
 import pytest
 import torch
-import torch.nn.functional as F
 from builders import grads
-from kernel_reference import naive_kernel_attention
 
 import zoo
-import zoo.attention.linear as linear_module  # registers "linear" even before the package imports it
-from zoo.attention.linear import linear_attention
+import zoo.attention._kernels.blocked_linear as blocked_module
+from zoo.attention.linear import linear_attention, linear_attention_reference
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
 
@@ -33,14 +31,6 @@ def gaussians(*shape, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).requires_grad_()
 
 
-def naive_linear_attention(q, k, v, mask=None, is_causal=False):
-    """Quadratic reference: weights phi(q) phi(k)^T, phi = elu + 1, masked, normalised over the keys."""
-    log_scale = None
-    if mask is not None:  # [b, m] -> a per-key log scale [b, 1, m]: 0 kept, -inf padded
-        log_scale = torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, -torch.inf)[:, None]
-    return naive_kernel_attention(F.elu(q) + 1, F.elu(k) + 1, v, log_scale, is_causal)
-
-
 @pytest.mark.parametrize("is_causal,chunk_size", [(False, 128), (True, 1), (True, 5), (True, 16), (True, 128)])
 @pytest.mark.parametrize("masked", [False, True])
 def test_equals_the_quadratic_reference(is_causal, chunk_size, masked):
@@ -51,7 +41,7 @@ def test_equals_the_quadratic_reference(is_causal, chunk_size, masked):
         mask = torch.ones(2, LENGTH, dtype=torch.bool)
         mask[1, 21:] = False
     out = linear_attention(q, k, v, mask, is_causal, chunk_size=chunk_size)
-    expected = naive_linear_attention(q, k, v, mask, is_causal)
+    expected = linear_attention_reference(q, k, v, mask, is_causal)
     torch.testing.assert_close(out, expected)
     for actual, reference in zip(grads(out, (q, k, v)), grads(expected, (q, k, v)), strict=True):
         torch.testing.assert_close(actual, reference)
@@ -62,7 +52,7 @@ def test_module_is_the_function_between_timm_projections():
     x = inputs().double()
     for causal in (False, True):
         q, k, v = attention.project_qkv(x)
-        expected = attention.proj(naive_linear_attention(q, k, v, None, causal).transpose(1, 2).flatten(2))
+        expected = attention.proj(linear_attention_reference(q, k, v, None, causal).transpose(1, 2).flatten(2))
         torch.testing.assert_close(attention(x, is_causal=causal), expected)
 
 
@@ -158,7 +148,7 @@ def test_bf16_long_sequence_is_finite(causal):
 @pytest.mark.parametrize("value_dim", [8, 5])
 def test_blocked_kernel_equals_the_feature_path(masked, value_dim, monkeypatch):
     # Blocks of 8 rows: several blocks and a ragged last one; a value dim other than the feature dim.
-    monkeypatch.setattr(linear_module, "_BLOCK_BYTES", 8 * 2 * 3 * 9 * 8)
+    monkeypatch.setattr(blocked_module, "LINEAR_BLOCK_BYTES", 8 * 2 * 3 * 9 * 8)
     q, k = gaussians(2, 3, LENGTH, 8, seed=1) * 2, gaussians(2, 3, LENGTH, 8, seed=2) * 2
     v = gaussians(2, 3, LENGTH, value_dim, seed=3)
     mask = None
@@ -213,8 +203,8 @@ def test_a_gpu_takes_the_whole_sequence_as_one_block_and_the_cpu_cache_sized_blo
     from zoo.attention._workspace import rows_per_block
 
     row = 1 * 8 * 65 * 4  # batch 1, 8 heads, d + 1 = 65 floats
-    assert rows_per_block(65536, row, linear_module._BLOCK_BYTES, torch.device("cpu")) == 2**22 // row
-    assert rows_per_block(65536, row, linear_module._BLOCK_BYTES, torch.device("cuda")) == 65536
+    assert rows_per_block(65536, row, blocked_module.LINEAR_BLOCK_BYTES, torch.device("cpu")) == 2**22 // row
+    assert rows_per_block(65536, row, blocked_module.LINEAR_BLOCK_BYTES, torch.device("cuda")) == 65536
     # a GPU workspace past 1 GiB is cut into blocks again; a tiny budget still takes 16 rows
     assert rows_per_block(2**24, 2**12, 2**22, torch.device("cuda")) == 2**30 // 2**12
     assert rows_per_block(1000, 2**20, 1, torch.device("cpu")) == 16

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention import _flash_parts
 from zoo.attention._blocks import _GatherBlocks, _LookAround, allowed_attention
-from zoo.attention._flash_parts import Part, parts_attention
+from zoo.attention._kernels import flash_parts as _flash_parts
+from zoo.attention._kernels.flash_parts import Part, parts_attention
 from zoo.attention.bigbird import bigbird_attention, bigbird_layout, draw_random_blocks, global_blocks
 from zoo.attention.dilated import dilated_attention
 from zoo.attention.local import local_attention

@@ -7,24 +7,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from builders import grads
-from kernel_reference import naive_kernel_attention
 
 import zoo
 from zoo.attention import AttentionBase, on_optimizer_step
-from zoo.attention import performer as performer_module
 from zoo.attention._features import (
     PROJECTIONS,
-    elu_feature_map,
     fast_walsh_hadamard,
     gaussian_orthogonal_random_matrix,
     gaussian_random_matrix,
     hadamard_random_matrix,
     random_projection,
-    relu_kernel_features,
-    softmax_kernel_features,
 )
-from zoo.attention._kernel import kernel_attention, kernel_attention_step
-from zoo.attention.performer import favor_attention
+from zoo.attention._kernel import kernel_attention, kernel_attention_reference, kernel_attention_step
+from zoo.attention._kernels import blocked_linear as blocked_module
+from zoo.attention.linear import elu_feature_map
+from zoo.attention.performer import favor_attention, relu_kernel_features, softmax_kernel_features
 from zoo.attention.softmax import softmax_attention
 
 DIM, HEADS, BATCH, LENGTH = 32, 2, 2, 37
@@ -176,14 +173,14 @@ def test_kernel_attention_equals_the_quadratic_reference(is_causal, n, chunk, lo
     scale = gaussians(2, 3, n, seed=4, scale=6.0) if log_scale else None
     tensors = (phi_q, phi_k, v) + ((scale,) if log_scale else ())
     out = kernel_attention(phi_q, phi_k, v, key_log_scale=scale, is_causal=is_causal, chunk_size=chunk)
-    expected = naive_kernel_attention(phi_q, phi_k, v, scale, is_causal)
+    expected = kernel_attention_reference(phi_q, phi_k, v, key_log_scale=scale, is_causal=is_causal)
     torch.testing.assert_close(out, expected)
     assert_same(grads(out, tensors), grads(expected, tensors))
 
 
 def test_kernel_attention_with_more_keys_than_queries_and_with_no_kept_key():
     phi_q, phi_k, v = gaussians(1, 2, 29, 5, seed=1).exp(), gaussians(1, 2, 37, 5, seed=2).exp(), gaussians(1, 2, 37, 4)
-    torch.testing.assert_close(kernel_attention(phi_q, phi_k, v), naive_kernel_attention(phi_q, phi_k, v))
+    torch.testing.assert_close(kernel_attention(phi_q, phi_k, v), kernel_attention_reference(phi_q, phi_k, v))
     # Every key padded (zero features, -inf scale): zero output, not NaN.
     zero = torch.zeros_like(phi_k)
     for causal in (False, True):
@@ -217,7 +214,7 @@ def test_recurrent_step_equals_the_causal_output():
 @pytest.mark.parametrize("masked", [False, True])
 def test_blocked_favor_equals_the_feature_path(masked, monkeypatch):
     # Blocks of 16 rows: several blocks, a ragged last one, the running max growing across blocks.
-    monkeypatch.setattr(performer_module, "_BLOCK_BYTES", 16 * 2 * 3 * 24 * 8)
+    monkeypatch.setattr(blocked_module, "FAVOR_BLOCK_BYTES", 16 * 2 * 3 * 24 * 8)
     q, k = gaussians(2, 3, 37, 16, seed=1, scale=2.0), gaussians(2, 3, 37, 16, seed=2, scale=2.0)
     v = gaussians(2, 3, 37, 16, seed=3)
     with torch.no_grad():
@@ -330,7 +327,7 @@ def test_causal_favor_equals_the_quadratic_reference_on_the_same_features():
     out = favor_attention(q, k, v, projection, is_causal=True, chunk_size=8, eps=1e-4)
     phi_q, _ = softmax_kernel_features(q, projection, is_query=True, eps=1e-4)
     phi_k, offset = softmax_kernel_features(k, projection, is_query=False, causal=True, eps=1e-4)
-    expected = naive_kernel_attention(phi_q, phi_k, v, offset, is_causal=True)
+    expected = kernel_attention_reference(phi_q, phi_k, v, key_log_scale=offset, is_causal=True)
     torch.testing.assert_close(out, expected)
     assert_same(grads(out, (q, k, v)), grads(expected, (q, k, v)))
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.attention import linformer as linformer_module
+from zoo.attention._kernels import blocked_softmax as blocked_kernel
 from zoo.attention.linformer import blocked_attention, linformer_attention, masked_softmax
 from zoo.attention.nystrom import iterative_pinv, nystrom_attention, sequence_conv
 from zoo.attention.softmax import softmax_attention
@@ -354,8 +354,8 @@ def test_synthesizer_options_and_lengths_are_checked():
 @pytest.mark.parametrize("length, landmarks", [(37, 8), (131, 16), (128, 16)])
 def test_nystrom_blocked_equals_the_explicit_kernels_with_gradients(length, landmarks, monkeypatch):
     # Small blocks: several query and key blocks, online softmax across key blocks, ragged last blocks.
-    monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 13 * 8)
-    monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 13)
+    monkeypatch.setattr(blocked_kernel, "_BLOCK_BYTES", 8 * HEADS * BATCH * 13 * 8)
+    monkeypatch.setattr(blocked_kernel, "_MAX_KEY_BLOCK", 13)
     q, k, v = heads(length)
     for keep in (None, padding(length, kept=(length - 9, length))):
         blocked = nystrom_attention(q, k, v, keep, num_landmarks=landmarks)
@@ -369,8 +369,8 @@ def test_nystrom_blocked_equals_the_explicit_kernels_with_gradients(length, land
 
 @pytest.mark.parametrize("masked", [False, True])
 def test_blocked_attention_equals_masked_softmax_with_gradients(masked, monkeypatch):
-    monkeypatch.setattr(linformer_module, "_BLOCK_BYTES", 8 * HEADS * BATCH * 7 * 8)
-    monkeypatch.setattr(linformer_module, "_MAX_KEY_BLOCK", 7)
+    monkeypatch.setattr(blocked_kernel, "_BLOCK_BYTES", 8 * HEADS * BATCH * 7 * 8)
+    monkeypatch.setattr(blocked_kernel, "_MAX_KEY_BLOCK", 7)
     for n, m in ((37, 5), (5, 37), (40, 41)):
         q, k, v = (
             torch.randn(BATCH, HEADS, length, 6, dtype=torch.float64, requires_grad=True) for length in (n, m, m)

@@ -10,7 +10,7 @@ import builders
 import pytest
 import torch
 
-from zoo.attention._fused_linear import force_fused
+from zoo.attention._kernels.fused_linear import force_fused
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DIM, HEADS = 128, 2

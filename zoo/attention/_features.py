@@ -1,8 +1,11 @@
-"""Feature maps for kernelised (linear) attention: random projections and the maps phi with q.k ~ phi(q).phi(k).
+"""What the linear family's feature maps share: their names (`Feature`) and the random projections of the
+random-feature maps.
 
-Shared by every variant that replaces `exp(q.k)` with a dot product of features: FAVOR+ (positive random
-features, `softmax_kernel_features`), generalized attention (`relu_kernel_features`) and linear attention
-(`elu_feature_map`). `_kernel.py` turns features into attention outputs.
+Each map phi, with q.k ~ phi(q).phi(k), is defined once, in its variant's file: linear attention's elu + 1
+(`linear.elu_feature_map`), FAVOR+'s positive random features and generalized attention's relu features
+(`performer.softmax_kernel_features`, `performer.relu_kernel_features`), Hedgehog's learned softmax features
+(`hedgehog.hedgehog_features`). `Feature` names them for the fused kernels, which compute them in registers
+(`_kernels.fused_linear`); `_kernel.py` turns features into attention outputs.
 
 Random projections (`random_projection`, one of `PROJECTIONS`): block-orthogonal gaussian (FAVOR+ "ORF"), iid
 gaussian, and structured orthogonal Hadamard blocks (SORF, Yu et al. 2016, https://arxiv.org/abs/1610.09072).
@@ -12,6 +15,7 @@ Letter legend: b - batch, h - heads, n - sequence length, d - head dim, r - feat
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Literal
 
@@ -22,14 +26,21 @@ from torch import Tensor
 
 __all__ = [
     "PROJECTIONS",
-    "elu_feature_map",
+    "Feature",
     "gaussian_orthogonal_random_matrix",
     "gaussian_random_matrix",
     "hadamard_random_matrix",
     "random_projection",
-    "relu_kernel_features",
-    "softmax_kernel_features",
 ]
+
+
+class Feature(enum.IntEnum):
+    """The linear family's feature maps, as the fused kernels take them (their `KIND` constexpr)."""
+
+    ELU = 0  # linear attention's elu(x) + 1
+    FAVOR = 1  # FAVOR+'s positive random features of the softmax kernel
+    RELU = 2  # generalized attention's relu random features
+    HEDGEHOG = 3  # Hedgehog's learned [softmax(W x), softmax(-W x)]
 
 
 PROJECTIONS = ("orthogonal", "gaussian", "hadamard")
@@ -133,8 +144,7 @@ def hadamard_random_matrix(
     `scaling="sqrt_d"` (default, the paper's SORF) keeps those rows as they are: exactly orthogonal with norm
     sqrt(nb_cols) when nb_cols is a power of 2, mean squared norm nb_cols otherwise. `"chi"` keeps the
     directions and gives each row a fresh chi-distributed norm, a gaussian vector's norm law (FAVOR+'s choice).
-    Fixed norms estimate the softmax kernel with less variance for a small bias (measured, head dim 16, 256
-    features: relative attention error about 0.19 against 0.28 with chi norms).
+    Fixed norms estimate the softmax kernel with less variance for a small bias.
     Drawn on the CPU in float64 from `generator`, then moved, like `gaussian_orthogonal_random_matrix`.
     """
     _check_matrix_args(nb_rows, nb_cols, scaling)
@@ -173,100 +183,3 @@ def random_projection(
         return gaussian_random_matrix(nb_rows, nb_cols, generator=generator, device=device, dtype=dtype)
     draw = gaussian_orthogonal_random_matrix if kind == "orthogonal" else hadamard_random_matrix
     return draw(nb_rows, nb_cols, generator=generator, device=device, dtype=dtype)
-
-
-def _project(x: Tensor, projection: Tensor, normalize: bool) -> Tensor:
-    """`x: [b, h, n, d]`, `projection: [r, d]` -> `w.x: [b, h, n, r]`, with x scaled by d^-1/4 if `normalize`."""
-    weight = projection.to(x.dtype)
-    if normalize:
-        # Scaling the small [r, d] matrix instead of x: q.k then carries 1/sqrt(d), as in softmax attention.
-        weight = weight * x.shape[-1] ** -0.25
-    return torch.matmul(x, weight.t())
-
-
-def softmax_kernel_features(
-    x: Tensor,
-    projection: Tensor,
-    *,
-    is_query: bool,
-    mask: Tensor | None = None,
-    causal: bool = False,
-    normalize: bool = True,
-    eps: float = 1e-4,
-) -> tuple[Tensor, Tensor]:
-    """FAVOR+ positive random features of the softmax kernel, stabilised.
-
-    x: `[b, h, n, d]`; projection: `[r, d]` (rows w); mask: `[b, n]` bool, True = keep, keys only.
-    Returns `phi: [b, h, n, r]` and `log_offset`: `[b, h, n]` for queries and for causal keys, `[b, h, 1]` for
-    non-causal keys, such that the exact features are
-
-        exp(w.x - |x|^2 / 2) / sqrt(r) = exp(log_offset) * (phi - eps / sqrt(r))
-
-    i.e. `phi = (exp(w.x - |x|^2/2 - log_offset) + eps) / sqrt(r)` (x scaled by d^-1/4 first if `normalize`).
-    As in the paper's code (google-research/performer) and performer-pytorch, the offset is a max of w.x alone,
-    so exp(-|x|^2 / 2) stays inside: eps weighs more for rows of large norm, which shrinks their estimate
-    towards uniform attention. Measured against exact attention (4K post-LayerNorm tokens, 256 features, q and k
-    scaled by 1 and 2) this gave relative errors of 0.65 and 0.98 where an offset including |x|^2 / 2 gave 0.82
-    and 1.44. `log_offset` carries no gradient.
-
-    The offset keeps the exponent <= -|x|^2 / 2 <= 0, so no dtype overflows (features run in float32: they
-    underflow only past |x|^2 / 2 > 87, where the estimate is eps-uniform, as the reference's), and never mixes
-    samples or future positions:
-    queries: the max over features of each row (it cancels between numerator and denominator, but for eps);
-    keys, non-causal: one scalar per (sample, head), the max over features and over kept keys only;
-    keys, causal: the max over features of each key, to be passed to `kernel_attention` as `key_log_scale`.
-    Padded keys get zero features and, when causal, offset -inf (they cannot raise a running max).
-    """
-    if is_query and mask is not None:
-        raise ValueError("a key padding mask applies to keys; pass mask=None for queries")
-    nb_features = projection.shape[0]
-    scale = x.shape[-1] ** -0.5 if normalize else 1.0
-    dash = _project(x, projection, normalize)
-    with torch.no_grad():
-        row_max = dash.amax(-1, keepdim=True)
-    # Dividing by sqrt(r) inside the exponent costs nothing: it joins the offset.
-    log_ratio = 0.5 * math.log(nb_features)
-    if is_query or causal:
-        log_offset = row_max
-    else:
-        with torch.no_grad():
-            kept_max = row_max if mask is None else row_max.masked_fill(~mask[:, None, :, None], float("-inf"))
-            log_offset = kept_max.amax(-2, keepdim=True)
-    shift = log_offset + log_ratio
-    if mask is not None:
-        # Padded keys: shift +inf, so exp gives exactly zero.
-        shift = shift.expand_as(row_max).masked_fill(~mask[:, None, :, None], float("inf"))
-    # |x|^2 / 2 of the normalised data, with its gradient.
-    exponent = dash.sub_(x.square().sum(-1, keepdim=True) * (scale / 2) + shift)
-    floor = eps / math.sqrt(nb_features)
-    if mask is not None:
-        # The eps floor only for kept keys: padded keys' features stay exactly zero.
-        floor = mask[:, None, :, None].to(dash.dtype) * floor
-        if causal:
-            log_offset = log_offset.masked_fill(~mask[:, None, :, None], float("-inf"))
-    phi = torch.exp(exponent) + floor
-    return phi, log_offset.squeeze(-1)
-
-
-def relu_kernel_features(
-    x: Tensor,
-    projection: Tensor,
-    *,
-    mask: Tensor | None = None,
-    normalize: bool = True,
-    eps: float = 1e-3,
-) -> Tensor:
-    """Generalized-attention features `relu(w.x) / sqrt(r) + eps` (Performer's ReLU kernel).
-
-    x: `[b, h, n, d]`; projection: `[r, d]`; mask: `[b, n]` bool, True = keep (padded keys get zero features)
-    -> `[b, h, n, r]`. Non-negative and bounded by |w||x|, so no stabiliser is needed.
-    """
-    phi = F.relu(_project(x, projection, normalize)) * projection.shape[0] ** -0.5 + eps
-    if mask is not None:
-        phi = phi * mask[:, None, :, None].to(phi.dtype)
-    return phi
-
-
-def elu_feature_map(x: Tensor) -> Tensor:
-    """Linear-attention features `elu(x) + 1` (Katharopoulos et al. 2020); any shape, elementwise."""
-    return F.elu(x) + 1

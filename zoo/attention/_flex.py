@@ -9,9 +9,10 @@ every pattern without a GPU.
 A family owns its pattern: its file defines a cached builder that returns a `FlexMask` from the same parameters
 its torch path takes (equal parameters give the same object, so `flex_attend` reuses the block mask it caches per
 pattern, length, heads and device). A family with a `backend` option checks it at construction with
-`check_backend(backend, self.attn_drop.p, self.reference)` and, in `attend`, when `use_flex(self.backend, q,
-dropout_p)`, returns `flex_attend(q, k, v, <its FlexMask>, mask, scale=self.scale)` with `mask` the `[b, n]` key
-padding mask `attend` receives. Nothing here names a family.
+`check_backend(backend, self.attn_drop.p, self.reference)` and, in `attend`, when
+`zoo.attention._paths.choose_path(..., flex=True)` returns `Path.FLEX` (the rule `use_flex` states), returns
+`flex_attend(q, k, v, <its FlexMask>, mask, scale=self.scale)` with `mask` the `[b, n]` key padding mask `attend`
+receives. Nothing here names a family.
 
 Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks.
 """

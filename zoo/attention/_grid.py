@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validate import check_bool, check_int
-from ._blocks import allowed_attention
 from ._common import AttentionBase
-from ._flex import FlexMask, check_backend, flex_attend, use_flex
+from ._flex import FlexMask, check_backend, flex_attend
+from ._paths import Path, choose_path
 
 __all__ = [
     "GridAttention",
@@ -105,8 +105,9 @@ def global_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
 
 class GridAttention(AttentionBase):
     """Attention on the patch grid: the `grid_size`, `num_prefix_tokens`, `backend` and `reference` options
-    (checked by `init_grid`) and `set_grid`. A subclass implements `pattern` (its dense pattern, which
-    `reference=True` computes over exact softmax), `flex_pattern` and `torch_attention`."""
+    (checked by `init_grid`), `set_grid`, and the path of each call (`choose_path`: the reference, FlexAttention or
+    the torch path). A subclass implements `reference_attention` (its reference function: its dense pattern over
+    exact softmax), `flex_pattern` and `torch_attention`."""
 
     needs_grid: ClassVar[bool] = True
     has_attention_weights: ClassVar[bool] = True
@@ -127,14 +128,15 @@ class GridAttention(AttentionBase):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
         grid = check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens)
-        if self.reference:
-            return allowed_attention(q, k, v, self.pattern(grid, q.device), mask, self.scale, dropout_p)
-        if use_flex(self.backend, q, dropout_p):
+        path = choose_path(q, reference=self.reference, backend=self.backend, dropout_p=dropout_p, flex=True)
+        if path is Path.REFERENCE:
+            return self.reference_attention(q, k, v, mask, grid, dropout_p)
+        if path is Path.FLEX:
             return flex_attend(q, k, v, self.flex_pattern(grid, q.device), mask, scale=self.scale)
         return self.torch_attention(q, k, v, mask, grid, dropout_p)
 
-    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
-        """`[n, n]` bool: which token may attend to which."""
+    def reference_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
+        """The family's reference function on `[b, h, n, d]` tensors: its dense pattern over exact softmax."""
         raise NotImplementedError
 
     def flex_pattern(self, grid: tuple[int, int], device: torch.device) -> FlexMask:

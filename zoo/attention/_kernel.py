@@ -27,6 +27,7 @@ __all__ = [
     "KernelStepMixin",
     "init_kernel_state",
     "kernel_attention",
+    "kernel_attention_reference",
     "kernel_attention_step",
 ]
 
@@ -114,10 +115,38 @@ def kernel_attention(
         return _normalise(out, eps).to(out_dtype)
 
 
+def kernel_attention_reference(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    *,
+    key_log_scale: Tensor | None = None,
+    is_causal: bool = False,
+    eps: float = DENOMINATOR_EPS,
+) -> Tensor:
+    """`kernel_attention` as its equation reads, the `[n, m]` weights formed: the oracle of its chunked path, of fla's
+    kernels and of the variants' fast paths. O(n m) memory; computed in the inputs' dtype.
+
+    phi_q: `[b, h, n, r]`, phi_k: `[b, h, m, r]`, v: `[b, h, m, d]`, key_log_scale: `[b, h, m]` or None
+    -> `[b, h, n, d]`: `out_i = sum_j w_ij v_j / sum_j w_ij` over the keys query i sees (j <= i when causal), with
+    `w_ij = phi_q_i . phi_k_j exp(m_j - M_i)`, `M_i` the largest `m_j` query i sees (it cancels; it only keeps
+    the exponent at or below 0). A row whose normaliser is below `eps` (no kept key) is zero.
+    """
+    weights = phi_q @ phi_k.transpose(-2, -1)  # [b, h, n, m]
+    seen = torch.ones(weights.shape[-2:], dtype=torch.bool, device=weights.device)
+    if is_causal:
+        seen = seen.tril()
+    if key_log_scale is not None:
+        log_scale = _finite(key_log_scale)[..., None, :].masked_fill(~seen, torch.finfo(key_log_scale.dtype).min)
+        weights = weights * torch.exp(log_scale - log_scale.amax(-1, keepdim=True).detach())
+    weights = weights.masked_fill(~seen, 0.0)
+    return (weights @ v) / weights.sum(-1, keepdim=True).clamp_min(eps)
+
+
 def _causal(phi_q: Tensor, phi_k: Tensor, v1: Tensor, log_scale: Tensor | None, chunk_size: int) -> Tensor:
     """Causal numerator and normaliser `[b, h, n, e]` by chunked prefix sums (see `kernel_attention`).
 
-    Chunk states are kept as `[e, r]` (`v^T phi_k`): the transposed `phi_k^T v` ran at half speed on CPU.
+    Chunk states are kept as `[e, r]` (`v^T phi_k`): the transposed `phi_k^T v` runs slower on CPU.
     """
     n = phi_q.shape[-2]
     w = min(chunk_size, n)

@@ -7,8 +7,8 @@ CPU. Reformer hashes with such rotations, BigBird picks its random blocks with t
 between optimizer steps and through a QR decomposition, keep a CPU generator (`SeedStepMixin.seeded_generator`).
 
 The mixing function is a two-round multiply-xorshift hash of 32-bit words (the `lowbias32` family of C. Wellons'
-hash-prospector, with multipliers below 2^31 so that a word times a multiplier fits int64); its avalanche bias,
-measured on 200,000 random words, is at the sampling noise floor, as lowbias32's is.
+hash-prospector, with multipliers below 2^31 so that a word times a multiplier fits int64); its avalanche bias
+is at the sampling noise floor of a test on random words, as lowbias32's is.
 """
 
 from __future__ import annotations

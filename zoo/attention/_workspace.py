@@ -1,6 +1,6 @@
 """What the hand-written blocked kernels share: buffers reused block after block, row blocks, and the pieces of
-their custom backwards (the non-causal fast paths of `performer` and `linear`, `linformer.blocked_attention`, the
-flash parts of the windowed families, `reformer` and `gau`).
+their custom backwards (the non-causal fast paths of `performer` and `linear` in `_kernels.blocked_linear`,
+`linformer.blocked_attention`, the flash parts of the windowed families, `reformer` and `gau`).
 
 Every buffer such a kernel allocates and writes before reading comes from `unwritten`: plain uninitialised memory,
 or NaN inside `poison_unwritten()`, which the tests use so that a kernel reading memory it never wrote fails loudly
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ._kernel import DENOMINATOR_EPS
+from ._paths import exporting  # defined with the path choice it steers; re-exported for the kernels' callers
 
 __all__ = [
     "Workspace",
@@ -48,16 +49,6 @@ def poison_unwritten() -> Iterator[None]:
         yield
     finally:
         _POISON = previous
-
-
-def exporting() -> bool:
-    """True while `torch.export` traces: the blocked kernels' callers then take their path without workspaces.
-
-    Export traces a custom autograd Function's forward with autograd on, where an `out=` write into a workspace is
-    refused ("functions with out=... arguments don't support automatic differentiation"). torch.compile runs that
-    forward as eager does, without autograd, so compiled models keep the blocked kernels and their memory bounds.
-    """
-    return torch.compiler.is_exporting()
 
 
 def unwritten(like: Tensor, shape: Sequence[int], dtype: torch.dtype | None = None) -> Tensor:
@@ -98,8 +89,8 @@ def first_order_only(backward: Callable) -> Callable:
 
 
 # A GPU takes the whole sequence as one block up to this many bytes per workspace: the CPU's block sizes fit its
-# caches, and on a GPU each block is a dozen kernel launches (at 64K tokens, 33 blocks of `linear` cost 24 ms of
-# launches against SDPA's 68 ms; benchmarks/nvidia-h100-80gb-hbm3).
+# caches, and on a GPU each block is a dozen kernel launches, whose cost grows with the blocks
+# (benchmarks/nvidia-h100-80gb-hbm3/one_block).
 _GPU_BLOCK_BYTES = 2**30
 
 

@@ -20,9 +20,12 @@ The stack is linear (no nonlinearity between convolutions): away from missing ke
 distort the logits the softmax ranks, and because with every kernel initialised to the identity (centre tap 1)
 the layer equals `local` attention with window `radius` at initialisation, from which training departs smoothly.
 
-Computed in blocks (`_blocks.window_layout`): per block the scores `[w, (s w)]` against its window of keys, the
-band `[w, 2r + 1]` gathered out of them, convolved and normalised, then scattered back for the product with the
-values; no n x n tensor. `reference=True` computes the same on the dense `[n, n]` scores, for the tests.
+`banded_conv_reference` writes this out on the dense `[n, n]` scores, each convolution a product with a banded
+Toeplitz matrix. Faster paths (`choose_path` picks one per call): the CPU flash parts
+(`_kernels.banded_conv.banded_conv_parts`, the convolutions moved onto the keys); and the torch path here, in
+blocks (`_blocks.window_layout`): per block the scores `[w, (s w)]` against its window of keys, the band
+`[w, 2r + 1]` gathered out of them, convolved and normalised, then scattered back for the product with the
+values; no n x n tensor.
 Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks, w - block length, s - blocks in a window,
 l - band slots (2r + 1, causal r + 1), t - kernel taps, z - depth.
 """
@@ -40,7 +43,9 @@ from torch import Tensor, nn
 from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, as_sdpa_mask, band_keep, position_offsets, window_layout
 from ._common import AttentionBase
-from ._flash_parts import band_parts, on_kept_prefixes, parts_attention, prefix_lengths, use_flash_parts
+from ._kernels.banded_conv import banded_conv_parts, shifted_taps
+from ._kernels.flash_parts import on_kept_prefixes, parts_apply, prefix_lengths
+from ._paths import Path, choose_path
 from ._registry import register_attention
 
 __all__ = [
@@ -49,6 +54,7 @@ __all__ = [
     "band_scores",
     "band_slot_keep",
     "banded_conv_attention",
+    "banded_conv_reference",
     "convolve_band",
 ]
 
@@ -85,11 +91,48 @@ def convolve_band(scores: Tensor, keep: Tensor, kernels: Tensor) -> Tensor:
     """Filter the band along the key axis: scores `[b, h, w, l]`, keep bool broadcastable to it, kernels
     `[z, h, t]` (t odd) -> `[b, h, w, l]`. Missing keys are zeroed before each of the z convolutions, like the zero
     padding past the band edges, so only kept keys' scores ever mix."""
-    # shifted multiply-adds, not F.conv1d: mkldnn's depthwise conv1d over (b w) rows of a few heads took 60% of
-    # a masked ListOps step (2.3 s of backward for a 32 x 300 batch against 0.2 s for the whole unmasked step)
     for kernel in kernels:
-        scores = _shifted_taps(scores.masked_fill(~keep, 0.0), kernel, 3)
+        scores = shifted_taps(scores.masked_fill(~keep, 0.0), kernel, 3)
     return scores
+
+
+def banded_conv_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernels: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    radius: int = 256,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The equation on the dense `[n, n]` scores, each convolution a Toeplitz product, O(n^3): the tests' oracle.
+
+    q, k, v: `[b, h, n, d]`; kernels: `[z, h, t]`; mask: `[b, n]` bool key padding mask, True = keep ->
+    `[b, h, n, d]`. Scores outside the band or at padded keys are zeroed before each convolution, then one softmax
+    runs over the band's kept keys.
+    """
+    n, d = q.shape[-2:]
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    allowed = band_keep(position_offsets(n, q.device), radius, is_causal)  # [n, n]
+    if mask is not None:
+        allowed = allowed & mask[:, None, None, :]
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)).to(dtype)
+    for kernel in kernels.to(dtype):
+        scores = torch.einsum("bhij,hjm->bhim", scores.masked_fill(~allowed, 0.0), _toeplitz(kernel, n))
+    weights = scores.masked_fill(~allowed, torch.finfo(dtype).min).softmax(-1) * allowed
+    weights = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return torch.matmul(weights, v.to(dtype)).to(v.dtype)
+
+
+def _toeplitz(kernel: Tensor, n: int) -> Tensor:
+    """`[h, t]` taps -> `[h, n, n]` T with (x @ T)[j] = sum_t kernel[t] * x[j + t - t // 2], zeros past the ends."""
+    taps = kernel.shape[-1]
+    tap = position_offsets(n, kernel.device) + taps // 2  # [input key, output key]
+    inside = (tap >= 0) & (tap < taps)
+    return torch.where(inside, kernel[:, tap.clamp(0, taps - 1)], 0.0)
 
 
 def banded_conv_attention(
@@ -105,31 +148,52 @@ def banded_conv_attention(
     dropout_p: float = 0.0,
     reference: bool = False,
 ) -> Tensor:
-    """Convolutional band attention.
+    """Convolutional band attention on the path `choose_path` picks.
 
     q, k, v: `[b, h, n, d]`; kernels: `[z, h, t]` per-head taps (t odd, centre = the key itself); mask: `[b, n]`
     bool key padding mask, True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside. A query with no
-    kept key returns zeros. Convolutions and softmax run in float32 or wider. `reference=True`: the dense
-    `[n, n]` computation with Toeplitz products (`_dense`), O(n^3).
+    kept key returns zeros. Convolutions and softmax run in float32 or wider. `reference=True`:
+    `banded_conv_reference`.
     """
-    b, _, n, d = q.shape
-    if reference:
-        return _dense(q, k, v, kernels, mask, is_causal, radius, scale, dropout_p, toeplitz=True)
-    lengths = prefix_lengths(q, mask, dropout_p)
-    if lengths is not None:
-        # a padded key is a missing key like those past the end (zeroed before each convolution)
-        run = functools.partial(banded_conv_attention, kernels=kernels, is_causal=is_causal, radius=radius, scale=scale)
-        return on_kept_prefixes(run, q, k, v, lengths)
+    n = q.shape[-2]
     # Band slots farther than n - 1 always hold missing keys, which equal zero padding: trim them.
-    radius = min(radius, n - 1)
+    trimmed = min(radius, n - 1)
     reach = kernels.shape[0] * (kernels.shape[-1] // 2)  # band slots the edges' zero padding reaches, s
-    inner = radius - (2 * reach if is_causal else reach)
-    if use_flash_parts(q, mask, dropout_p, min(inner, n - reach)):
-        return _banded_conv_flash(q, k, v, kernels.to(q.dtype), is_causal, radius, d**-0.5 if scale is None else scale)
-    if band_width(radius, is_causal) >= n:
-        # The band holds every key: the [n, n] scores are no larger and need no gather or scatter (3x faster on a
-        # padded ListOps batch of 300 tokens with the default radius 256).
-        return _dense(q, k, v, kernels, mask, is_causal, radius, scale, dropout_p, toeplitz=False)
+    inner = trimmed - (2 * reach if is_causal else reach)
+    kernel = functools.partial(parts_apply, q, mask, dropout_p, min(inner, n - reach))
+    path = choose_path(q, reference=reference, kernel=kernel)
+    if path is Path.REFERENCE:
+        return banded_conv_reference(q, k, v, kernels, mask, is_causal, radius=radius, scale=scale, dropout_p=dropout_p)
+    if path is Path.KERNEL:
+        lengths = prefix_lengths(q, mask, dropout_p)
+        if lengths is not None:
+            # a padded key is a missing key like those past the end (zeroed before each convolution)
+            run = functools.partial(
+                banded_conv_attention, kernels=kernels, is_causal=is_causal, radius=radius, scale=scale
+            )
+            return on_kept_prefixes(run, q, k, v, lengths)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return banded_conv_parts(q, k, v, kernels.to(q.dtype), is_causal, trimmed, scale)
+    if band_width(trimmed, is_causal) >= n:
+        # The band holds every key: the [n, n] scores are no larger and need no gather or scatter.
+        return _dense(q, k, v, kernels, mask, is_causal, trimmed, scale, dropout_p)
+    return _band_blocks(q, k, v, kernels, mask, is_causal, trimmed, scale, dropout_p)
+
+
+def _band_blocks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernels: Tensor,
+    mask: Tensor | None,
+    is_causal: bool,
+    radius: int,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    """The torch path in blocks: each block's band gathered out of its window scores, convolved, normalised and
+    scattered back for one matmul with the window's values."""
+    b, _, n, d = q.shape
     layout = window_layout(n, radius, is_causal)
     columns = band_columns(layout, radius, is_causal, q.device)
     keep = band_slot_keep(layout.keep(mask, q.device), radius, is_causal)  # [b or 1, (k w), l]
@@ -149,86 +213,6 @@ def banded_conv_attention(
     return layout.unblock(torch.matmul(weights, values), b)
 
 
-def _shifted_taps(x: Tensor, kernel: Tensor, dim: int) -> Tensor:
-    """Filter `x` along `dim` with per-head taps `kernel` `[h, t]` (heads: dim 1), zeros past both ends:
-    y[j] = sum_t kernel[t] * x[j + t - t // 2], as `F.conv1d` with padding t // 2."""
-    taps, length = kernel.shape[-1], x.shape[dim]
-    padded = F.pad(x.movedim(dim, -1), (taps // 2, taps // 2)).movedim(-1, dim)
-    shape = [1] * x.dim()
-    shape[1] = kernel.shape[0]
-    out = None
-    for tap in range(taps):
-        term = padded.narrow(dim, tap, length) * kernel[:, tap].view(shape)
-        out = term if out is None else out.add_(term)
-    return out
-
-
-def _offset_scores(q: Tensor, k: Tensor, first: int, width: int, scale: float, chunk: int = 32) -> Tensor:
-    """`[b, h, n, width]`: q_i . k_{i + first + j} * scale for j < width, 0 where the key is outside the sequence.
-
-    Chunks of `chunk` queries against their `chunk + width - 1` keys, one batched matmul, the wanted diagonals
-    read out: a few diagonals of q k^T without forming it or copying the keys `width` times."""
-    b, h, n, d = q.shape
-    chunks = -(-n // chunk)
-    q = F.pad(q, (0, 0, 0, chunks * chunk - n)).view(b, h, chunks, chunk, d)
-    left = max(0, -first)
-    key_count = chunks * chunk + width - 1  # keys from position `first` on
-    keys = F.pad(k, (0, 0, left, max(0, first + key_count - n)))[:, :, left + first : left + first + key_count]
-    scores = torch.matmul(q, keys.unfold(2, chunk + width - 1, chunk))  # [b, h, chunks, chunk, chunk + width - 1]
-    diagonals = torch.stack([scores.diagonal(j, -2, -1) for j in range(width)], -1)  # [b, h, chunks, chunk, width]
-    return diagonals.flatten(2, 3)[:, :, :n] * scale
-
-
-def _banded_conv_flash(
-    q: Tensor, k: Tensor, v: Tensor, kernels: Tensor, is_causal: bool, radius: int, scale: float
-) -> Tensor:
-    """The CPU fast path, exact: the convolutions move from the scores to the keys.
-
-    Away from the band's edges a convolution of the band along the key axis is one of the keys along the
-    sequence, s[i, o] = q_i . k_{i+o} filtered into q_i . k'_{i+o}, and zeroing missing keys between layers is
-    zeroing them in k' (outside the sequence, zero padding does it). Only the s = depth * (kernel_size // 2) slots
-    next to each band edge see the edge's zero padding: those logits are computed apart, by running the layers
-    on a strip of 2s raw scores per edge and keeping the s slots the padding on the inner side never reaches.
-    The rest of the band is plain sliding-window attention with the filtered keys (`band_parts`, a window of
-    r - s, causal: r - 2s shifted s behind the query), merged with the edge slots in one softmax
-    (`parts_attention`).
-    """
-    n = q.shape[2]
-    reach = kernels.shape[0] * (kernels.shape[-1] // 2)
-    filtered = k
-    for kernel in kernels:
-        filtered = _shifted_taps(filtered, kernel, 2)
-    if is_causal:
-        parts = band_parts(n - reach, radius - 2 * reach, True, q.device, q.dtype, shift=reach)
-        edges = (-radius, -2 * reach + 1)
-    else:
-        parts = band_parts(n, radius - reach, False, q.device, q.dtype)
-        edges = (-radius, radius - 2 * reach + 1)
-    if not reach:
-        return parts_attention(q, filtered, v, parts, scale)
-    logits, offsets = [], []
-    positions = torch.arange(n, device=q.device)[:, None]
-    for side, first in enumerate(edges):
-        slots = first + torch.arange(2 * reach, device=q.device)
-        present = ((positions + slots >= 0) & (positions + slots < n)).to(q.dtype)  # [n, 2s]
-        strip = _offset_scores(q, k, first, 2 * reach, scale)
-        for kernel in kernels:
-            strip = _shifted_taps(strip * present, kernel, 3)
-        # Left edge: the first s slots are exact; right edge: the last s.
-        keep = slice(0, reach) if side == 0 else slice(reach, 2 * reach)
-        logits.append(strip[..., keep].masked_fill(present[:, keep] == 0, -1e30))
-        offsets.extend(slots[keep].tolist())
-    return parts_attention(q, filtered, v, parts, scale, dense=torch.cat(logits, -1), offsets=offsets)
-
-
-def _toeplitz(kernel: Tensor, n: int) -> Tensor:
-    """`[h, t]` taps -> `[h, n, n]` T with (x @ T)[j] = sum_t kernel[t] * x[j + t - t // 2], zeros past the ends."""
-    taps = kernel.shape[-1]
-    tap = position_offsets(n, kernel.device) + taps // 2  # [input key, output key]
-    inside = (tap >= 0) & (tap < taps)
-    return torch.where(inside, kernel[:, tap.clamp(0, taps - 1)], 0.0)
-
-
 def _dense(
     q: Tensor,
     k: Tensor,
@@ -239,13 +223,9 @@ def _dense(
     radius: int,
     scale: float | None,
     dropout_p: float,
-    *,
-    toeplitz: bool,
 ) -> Tensor:
-    """`banded_conv_attention` on the full `[n, n]` scores: zeroed outside the band and at padded keys before each
-    convolution, then one softmax over the band's kept keys. Each convolution along the key axis is a product with
-    a banded Toeplitz matrix (`toeplitz`, the reference: O(n^2 t) memory, O(n^3) time) or shifted multiply-adds
-    (O(n^2 t) time)."""
+    """The torch path on the full `[n, n]` scores (for a band that holds every key): `banded_conv_reference` with
+    shifted multiply-adds in place of the Toeplitz products, O(n^2 t) time."""
     n, d = q.shape[-2:]
     dtype = torch.promote_types(q.dtype, torch.float32)
     allowed = band_keep(position_offsets(n, q.device), radius, is_causal)
@@ -253,11 +233,7 @@ def _dense(
         allowed = allowed & mask[:, None, None, :]
     scores = (torch.matmul(q, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)).to(dtype)
     for kernel in kernels.to(dtype):
-        scores = scores.masked_fill(~allowed, 0.0)
-        if toeplitz:
-            scores = torch.einsum("bhij,hjm->bhim", scores, _toeplitz(kernel, n))
-        else:
-            scores = _shifted_taps(scores, kernel, 3)
+        scores = shifted_taps(scores.masked_fill(~allowed, 0.0), kernel, 3)
     weights = scores.masked_fill(~allowed, torch.finfo(dtype).min).softmax(-1) * allowed
     weights = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
     return torch.matmul(weights, v.to(dtype)).to(v.dtype)

@@ -1,14 +1,19 @@
 """BigBird: "Big Bird: Transformers for Longer Sequences" (Zaheer et al. 2020), https://arxiv.org/abs/2007.14062
 
-The blocked ITC variant: the sequence in blocks of `block_size` (64); each query block attends to a window of 3
-blocks (itself and its neighbours), to the 2 global blocks (the first and the last, which also attend to the whole
-sequence) and to `num_random_blocks` (3) random key blocks drawn per head and query block from the blocks outside
-its window and the global ones. One softmax over the union of these keys per query: memory and time
-O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks are a pure function of the `random_seed` buffer and
-the block count, drawn on the model's device without a host sync (`_seeded.random_bits`), so they are the same on
-every call, device, replica and resumed run for a given length (the original code also fixes them per layer).
-Padded keys, inside a random block or anywhere else, get no weight. `reference=True` computes the pattern as a
-dense `[h, n, n]` mask over exact softmax, for the tests.
+The blocked ITC variant: the sequence in blocks of `block_size` (64); query block I (per head) sees the key blocks
+
+    J(I) = {I - 1, I, I + 1} | {0, K - 1} | R(I),    and the global blocks 0 and K - 1 see every block,
+
+    out_i = sum_{j in blocks J(block(i))} softmax_j(q_i . k_j * scale) v_j,
+
+with R(I) `num_random_blocks` (3) random key blocks drawn per head and query block from the blocks outside its
+window and the global ones. One softmax over the union of these keys per query. `bigbird_reference` writes this
+out on a dense `[h, n, n]` mask. Faster paths (`choose_path` picks one per call): FlexAttention; the CPU flash
+parts (`_kernels.windowed.bigbird_parts`); and the torch path here, each query block against its gathered key
+blocks: memory and time O(n * (3 + 2 + r) * block_size), no n x n tensor. Random blocks are a pure function of
+the `random_seed` buffer and the block count, drawn on the model's device without a host sync
+(`_seeded.random_bits`), so they are the same on every call, device, replica and resumed run for a given length
+(the original code also fixes them per layer). Padded keys, inside a random block or anywhere else, get no weight.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from torch import Tensor
 from .._validate import check_bool, check_int
 from ._blocks import BlockLayout, allowed_attention, as_sdpa_mask, rows_attention
 from ._common import AttentionBase
-from ._flash_parts import Part, parts_attention, use_flash_parts
-from ._flex import FlexMask, check_backend, flex_attend, use_flex
+from ._flex import FlexMask, check_backend, flex_attend
+from ._kernels.flash_parts import use_flash_parts
+from ._kernels.windowed import bigbird_parts
+from ._paths import Path, choose_path
 from ._registry import register_attention
 from ._seeded import host_int, random_bits
 
@@ -34,6 +41,7 @@ __all__ = [
     "bigbird_attention",
     "bigbird_layout",
     "bigbird_mask",
+    "bigbird_reference",
     "block_table",
     "draw_random_blocks",
     "global_blocks",
@@ -119,6 +127,26 @@ def _bigbird_mask(length: int, block_size: int, key: tuple, device: torch.device
     return FlexMask(mask_mod, length, per_head=True)
 
 
+def bigbird_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    random_blocks: Tensor,
+    mask: Tensor | None = None,
+    *,
+    block_size: int = 64,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The equation on dense scores, O(n^2): the tests' oracle.
+
+    q, k, v: `[b, h, n, d]`; random_blocks: `[h, k, r]` long, -1 = none; mask: `[b, n]` bool key padding mask,
+    True = keep -> `[b, h, n, d]`.
+    """
+    allowed = bigbird_allowed(q.shape[-2], block_size, random_blocks.to(q.device))  # [h, n, n]
+    return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
+
+
 def bigbird_attention(
     q: Tensor,
     k: Tensor,
@@ -131,24 +159,75 @@ def bigbird_attention(
     dropout_p: float = 0.0,
     reference: bool = False,
 ) -> Tensor:
-    """BigBird block-sparse attention.
+    """BigBird block-sparse attention on the path `choose_path` picks (FlexAttention is the module's).
 
     q, k, v: `[b, h, n, d]`; random_blocks: `[h, k, r]` long key blocks per head and query block, -1 = none
     (`draw_random_blocks` for `bigbird_layout(n, block_size).num_blocks`); mask: `[b, n]` bool key padding mask,
     True = keep -> `[b, h, n, d]`. Any n: padded to whole blocks inside, the output unpadded. `reference=True`:
-    the pattern as a dense mask (`bigbird_allowed`, `allowed_attention`), O(n^2).
+    `bigbird_reference`.
     """
-    b, h, n, d = q.shape
-    layout = bigbird_layout(n, block_size)
-    blocks, w = layout.num_blocks, layout.block
+    _check_random_blocks(q, random_blocks, block_size)
+    kernel = _kernel_applies(q, mask, dropout_p, random_blocks, block_size)
+    path = choose_path(q, reference=reference, kernel=kernel)
+    return _bigbird_on(path, q, k, v, random_blocks, mask, block_size, scale, dropout_p)
+
+
+def _check_random_blocks(q: Tensor, random_blocks: Tensor, block_size: int) -> None:
+    h, blocks = q.shape[1], bigbird_layout(q.shape[-2], block_size).num_blocks
     if random_blocks.shape[:2] != (h, blocks):
         raise ValueError(f"random_blocks of shape {tuple(random_blocks.shape)} do not fit {h} heads x {blocks} blocks")
-    if reference:
-        allowed = bigbird_allowed(n, block_size, random_blocks.to(q.device))
-        return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
+
+
+def _kernel_applies(q: Tensor, mask: Tensor | None, dropout_p: float, random_blocks: Tensor, block_size: int):
+    """`choose_path`'s `kernel` predicate: the flash parts take at least 3 blocks whose inner ones have every random
+    pick."""
+    layout = bigbird_layout(q.shape[-2], block_size)
+    return lambda: (
+        use_flash_parts(q, mask, dropout_p, layout.block)
+        and layout.num_blocks >= 3
+        and bool((random_blocks.to(q.device)[:, 1:-1] >= 0).all())
+    )
+
+
+def _bigbird_on(
+    path: Path,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    random_blocks: Tensor,
+    mask: Tensor | None,
+    block_size: int,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    """BigBird attention on `path`."""
+    if path is Path.REFERENCE:
+        return bigbird_reference(q, k, v, random_blocks, mask, block_size=block_size, scale=scale, dropout_p=dropout_p)
+    if path is Path.FLEX:
+        pattern = bigbird_mask(q.shape[-2], block_size, random_blocks, q.device)
+        return flex_attend(q, k, v, pattern, mask, scale=scale)
     picks = random_blocks.to(q.device).transpose(0, 1)  # [k, h, r]
-    if use_flash_parts(q, mask, dropout_p, w) and blocks >= 3 and bool((picks[1:-1] >= 0).all()):
-        return _bigbird_flash(q, k, v, picks, w, d**-0.5 if scale is None else scale)
+    if path is Path.KERNEL:
+        w = bigbird_layout(q.shape[-2], block_size).block
+        return bigbird_parts(q, k, v, picks, w, q.shape[-1] ** -0.5 if scale is None else scale)
+    return _bigbird_blocks(q, k, v, picks, mask, block_size, scale, dropout_p)
+
+
+def _bigbird_blocks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    picks: Tensor,
+    mask: Tensor | None,
+    block_size: int,
+    scale: float | None,
+    dropout_p: float,
+) -> Tensor:
+    """The torch path: each query block against its gathered key blocks (`picks`: `[k, h, r]` random ones), then
+    the global blocks' queries against the whole sequence."""
+    b, h, n, _ = q.shape
+    layout = bigbird_layout(n, block_size)
+    blocks, w = layout.num_blocks, layout.block
     keep = layout.keep(mask, q.device)  # [b or 1, k * w]
     query_block = torch.arange(blocks, device=q.device)[:, None]
     glob = torch.tensor(global_blocks(blocks), device=q.device)
@@ -179,38 +258,6 @@ def bigbird_attention(
     # The global blocks' queries attend to the whole sequence.
     rows = torch.cat([torch.arange(g * w, min(g * w + w, n), device=q.device) for g in global_blocks(blocks)])
     return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep[:, :n], False, scale, dropout_p))
-
-
-def _bigbird_flash(q: Tensor, k: Tensor, v: Tensor, picks: Tensor, w: int, scale: float) -> Tensor:
-    """The flash-parts path for the k >= 3 blocks of `w`, every random pick present (`picks` `[k, h, r]`).
-
-    Query blocks 1 .. k - 2 against: their window (one part reading overlapping 3-block key windows in place; the
-    last window is shorter when the last block is), the global blocks outside their window (keys gathered once,
-    shared by the blocks), their random blocks (gathered per block and head). The global blocks' queries attend
-    to the whole sequence, as in the masked path.
-    """
-    n = q.shape[2]
-    blocks = -(-n // w)
-    last = n - (blocks - 1) * w  # length of the last block
-    inner = blocks - 2  # query blocks 1 .. k - 2
-    exact = last == w  # the last window has 3 whole blocks
-    parts = [Part(w, inner - (not exact), w, 0, 3 * w, w, w)]
-    if not exact:
-        parts.append(Part((blocks - 2) * w, 1, w, (blocks - 3) * w, 2 * w + last))
-    parts = [part for part in parts if part.count > 0]
-    # Extra keys: block 0 (w keys), then the last block (`last` keys).
-    if blocks >= 5:
-        parts.append(Part(2 * w, blocks - 4, w, 0, w + last, w, 0, source="extra"))
-    if blocks >= 4:
-        parts.append(Part(w, 1, w, w, last, source="extra"))  # block 1: block 0 is in its window
-        parts.append(Part((blocks - 2) * w, 1, w, 0, w, source="extra"))  # block k - 2: so is the last block
-    if picks.shape[-1]:
-        parts.append(Part(w, inner, w, 0, picks.shape[-1] * w, w, source="gather", index=picks[1:-1], block=w))
-    extra = [torch.cat([x[:, :, :w], x[:, :, (blocks - 1) * w :]], dim=2) for x in (k, v)]
-    out = parts_attention(q, k, v, parts, scale, *extra)
-    rows = torch.cat([torch.arange(w, device=q.device), torch.arange((blocks - 1) * w, n, device=q.device)])
-    keep = torch.ones(1, n, dtype=torch.bool, device=q.device)
-    return out.index_copy(2, rows, rows_attention(q, k, v, rows, keep, False, scale, 0.0))
 
 
 @register_attention("bigbird")
@@ -249,20 +296,11 @@ class BigBirdAttention(AttentionBase):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         dropout_p = self.attn_drop.p if self.training else 0.0
         random_blocks = self.random_blocks(q.shape[-2]).to(q.device)
-        if not self.reference and use_flex(self.backend, q, dropout_p):
-            pattern = bigbird_mask(q.shape[-2], self.block_size, random_blocks, q.device)
-            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
-        return bigbird_attention(
-            q,
-            k,
-            v,
-            random_blocks,
-            mask,
-            block_size=self.block_size,
-            scale=self.scale,
-            dropout_p=dropout_p,
-            reference=self.reference,
+        kernel = _kernel_applies(q, mask, dropout_p, random_blocks, self.block_size)
+        path = choose_path(
+            q, reference=self.reference, backend=self.backend, dropout_p=dropout_p, flex=True, kernel=kernel
         )
+        return _bigbird_on(path, q, k, v, random_blocks, mask, self.block_size, self.scale, dropout_p)
 
     def extra_repr(self) -> str:
         return (

@@ -7,7 +7,12 @@ Attention is a single head of squared ReLU scores, `relu(q . k / n)^2`, with no 
 the output `(U * A V) W_o` comes back through a residual. FLASH makes it linear in n with mixed chunk attention:
 positions are cut into chunks of `group_size`; inside a chunk the squared-ReLU attention is exact, across chunks a
 plain (unnormalised) linear attention `q . k / n` with its own scales and offsets carries the global context
-(non-causal: over every key; causal: over the keys of earlier chunks, by a prefix sum of chunk states).
+(non-causal: over every key; causal: over the keys of earlier chunks, by a prefix sum of chunk states):
+
+    A V_i = sum_{j in chunk(i)} relu(quad_q_i . quad_k_j / n)^2 v_j + sum_{j in L(i)} (lin_q_i . lin_k_j / n) v_j
+
+`mixed_chunk_attention_reference` writes this out on a dense `[n, n]` weight matrix (the tests' oracle); the
+chunk kernel with its hand-written backward is `_kernels.gau`.
 
 Two forms live here:
 - `GAUAttention`, registered as `gau`, fits timm's `attn_layer` slot (the MLP stays). It keeps timm's `qkv` and
@@ -44,8 +49,9 @@ from torch import Tensor, nn
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, key_padding_mask, masked_fill_keys, pad_to_multiple
+from ._kernels.gau import ChunkReluSquare, relu_square
+from ._paths import Path, choose_path
 from ._registry import register_attention
-from ._workspace import exporting, unwritten
 
 __all__ = [
     "GAUAttention",
@@ -73,6 +79,33 @@ def _key_counts(mask: Tensor | None, v: Tensor) -> Tensor:
 def _chunks(x: Tensor, w: int) -> Tensor:
     """`[b, h, n, x]` -> `[b, h, k, w, x]`, zero-padded to a multiple of w."""
     return rearrange(pad_to_multiple(x, w)[0], "b h (k w) x -> b h k w x", w=w)
+
+
+def mixed_chunk_attention_reference(
+    quad_q: Tensor,
+    quad_k: Tensor,
+    lin_q: Tensor,
+    lin_k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    group_size: int = 256,
+) -> Tensor:
+    """`mixed_chunk_attention` on a dense `[b, h, n, n]` weight matrix, for the tests (same shapes, no chunking)."""
+    n = v.shape[-2]
+    chunk = torch.arange(n, device=v.device) // min(group_size, n)
+    same = chunk[:, None] == chunk[None, :]
+    count = _key_counts(mask, v)
+    quad = F.relu(quad_q @ quad_k.transpose(-2, -1) / count.clamp_max(group_size)).square() * same
+    lin = lin_q @ lin_k.transpose(-2, -1) / count
+    if is_causal:
+        quad = quad.tril()
+        lin = lin * (chunk[None, :] < chunk[:, None])
+    weights = quad + lin
+    if mask is not None:
+        weights = weights * mask[:, None, None, :]
+    return weights @ v
 
 
 def mixed_chunk_attention(
@@ -121,64 +154,12 @@ def _quadratic(q: Tensor, k: Tensor, v: Tensor, scale: Tensor, w: int, is_causal
     qc, kc, vc = (rearrange(_chunks(x, w), "b h k w x -> (b h k) w x") for x in (q, k, v))
     # One scale per chunk row: the sample's, repeated over its heads and chunks.
     inv_scale = scale.reciprocal().expand(b, h, qc.shape[0] // (b * h), 1).reshape(-1, 1, 1)
-    if exporting():
-        # torch.export's tracing refuses the pass-wise `out=` writes: every chunk's weights at once, autograd's backward
-        out = torch.bmm(_relu_square(qc, kc, inv_scale, is_causal)[0], vc)
+    if choose_path(qc, kernel=lambda: True) is Path.KERNEL:
+        out = ChunkReluSquare.apply(qc, kc, vc, inv_scale, is_causal)
     else:
-        out = _ChunkReluSquare.apply(qc, kc, vc, inv_scale, is_causal)
+        # torch.export's tracing refuses the pass-wise `out=` writes: every chunk's weights at once, autograd's backward
+        out = torch.bmm(relu_square(qc, kc, inv_scale, is_causal)[0], vc)
     return rearrange(out, "(b h k) w e -> b h (k w) e", b=b, h=h)[:, :, :n]
-
-
-# Chunks per pass of `_ChunkReluSquare`, by the bytes of their score matrices: small enough that the scores and
-# their gradients reuse the same memory pass after pass (no page faults on fresh [n, w] buffers at 64K).
-_PASS_BYTES = 8 << 20
-
-
-class _ChunkReluSquare(torch.autograd.Function):
-    """`relu(q k^T * inv_scale)^2 v` per chunk, a few chunks at a time, the scores recomputed in the backward
-    instead of kept: memory O(n * w) only for q, k, v and the output, and every temporary chunk-sized.
-
-    q, k `[c, w, s]`, v `[c, w, e]`, inv_scale `[c, 1, 1]` -> `[c, w, e]`. With R = relu(S), S = q k^T inv_scale,
-    W = R^2 (lower triangle when causal): dV = W^T dO, dS = (dO V^T) * 2 R * inv_scale (masked like W),
-    dQ = dS K, dK = dS^T Q.
-    """
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, inv_scale: Tensor, is_causal: bool) -> Tensor:
-        ctx.save_for_backward(q, k, v, inv_scale)
-        ctx.is_causal = is_causal
-        out = unwritten(v, v.shape)
-        for rows in _passes(q):
-            weights, _ = _relu_square(q[rows], k[rows], inv_scale[rows], is_causal)
-            torch.bmm(weights, v[rows], out=out[rows])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        q, k, v, inv_scale = ctx.saved_tensors
-        grad_q, grad_k, grad_v = (unwritten(x, x.shape) for x in (q, k, v))
-        for rows in _passes(q):
-            weights, relu = _relu_square(q[rows], k[rows], inv_scale[rows], ctx.is_causal)
-            torch.bmm(weights.transpose(1, 2), grad_out[rows], out=grad_v[rows])
-            grad_scores = torch.bmm(grad_out[rows], v[rows].transpose(1, 2)).mul_(relu).mul_(2 * inv_scale[rows])
-            if ctx.is_causal:
-                grad_scores.tril_()
-            torch.bmm(grad_scores, k[rows], out=grad_q[rows])
-            torch.bmm(grad_scores.transpose(1, 2), q[rows], out=grad_k[rows])
-        return grad_q, grad_k, grad_v, None, None
-
-
-def _passes(q: Tensor) -> list[slice]:
-    """Runs of chunks `[c, w, s]` whose `[w, w]` scores fill about `_PASS_BYTES`."""
-    size = max(1, _PASS_BYTES // (q.shape[1] ** 2 * q.element_size()))
-    return [slice(first, first + size) for first in range(0, q.shape[0], size)]
-
-
-def _relu_square(q: Tensor, k: Tensor, inv_scale: Tensor, is_causal: bool) -> tuple[Tensor, Tensor]:
-    """Chunk weights relu(q k^T * inv_scale)^2 (lower triangle when causal) and relu(...) itself."""
-    relu = torch.bmm(q, k.transpose(1, 2)).mul_(inv_scale).relu_()
-    weights = relu.square()
-    return (weights.tril_() if is_causal else weights), relu
 
 
 def _causal_linear(q: Tensor, k: Tensor, v: Tensor, w: int) -> Tensor:
@@ -188,33 +169,6 @@ def _causal_linear(q: Tensor, k: Tensor, v: Tensor, w: int) -> Tensor:
     states = torch.matmul(kc.transpose(-2, -1), vc)
     states = torch.cat([torch.zeros_like(states[:, :, :1]), states[:, :, :-1].cumsum(2)], dim=2)
     return rearrange(torch.matmul(qc, states), "b h k w e -> b h (k w) e")[:, :, :n]
-
-
-def mixed_chunk_attention_reference(
-    quad_q: Tensor,
-    quad_k: Tensor,
-    lin_q: Tensor,
-    lin_k: Tensor,
-    v: Tensor,
-    *,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    group_size: int = 256,
-) -> Tensor:
-    """`mixed_chunk_attention` on a dense `[b, h, n, n]` weight matrix, for the tests (same shapes, no chunking)."""
-    n = v.shape[-2]
-    chunk = torch.arange(n, device=v.device) // min(group_size, n)
-    same = chunk[:, None] == chunk[None, :]
-    count = _key_counts(mask, v)
-    quad = F.relu(quad_q @ quad_k.transpose(-2, -1) / count.clamp_max(group_size)).square() * same
-    lin = lin_q @ lin_k.transpose(-2, -1) / count
-    if is_causal:
-        quad = quad.tril()
-        lin = lin * (chunk[None, :] < chunk[:, None])
-    weights = quad + lin
-    if mask is not None:
-        weights = weights * mask[:, None, None, :]
-    return weights @ v
 
 
 def _scale_offset_parameters(heads: int, width: int, **dd) -> tuple[nn.Parameter, nn.Parameter]:
@@ -260,7 +214,8 @@ class GAUAttention(AttentionBase):
         """q, k: the shared base Z on the query and the key side `[b, h, n, d]`; v `[b, h, n, d]` -> `[b, h, n, d]`."""
         quad_q, lin_q = scale_offset(q, self.gamma[0::2], self.beta[0::2])
         quad_k, lin_k = scale_offset(k, self.gamma[1::2], self.beta[1::2])
-        attention = mixed_chunk_attention_reference if self.reference else mixed_chunk_attention
+        reference = choose_path(q, reference=self.reference) is Path.REFERENCE
+        attention = mixed_chunk_attention_reference if reference else mixed_chunk_attention
         return attention(quad_q, quad_k, lin_q, lin_k, v, mask=mask, is_causal=is_causal, group_size=self.group_size)
 
     def extra_repr(self) -> str:

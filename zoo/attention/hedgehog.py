@@ -38,11 +38,20 @@ from torch import Tensor, nn
 from .._validate import check_int
 from ._blocks import as_sdpa_mask, band_keep, window_layout
 from ._common import AttentionBase, masked_fill_keys
-from ._fused_linear import Feature, fused_kernel_attention, fused_usable
+from ._features import Feature
 from ._kernel import DENOMINATOR_EPS, KernelStepMixin, _causal, kernel_attention
+from ._kernels.fused_linear import fused_kernel_attention, fused_usable
+from ._paths import Path, choose_path
 from ._registry import register_attention
 
-__all__ = ["HedgehogAttention", "WindowState", "hedgehog_attention", "hedgehog_features", "identity_feature_map"]
+__all__ = [
+    "HedgehogAttention",
+    "WindowState",
+    "hedgehog_attention",
+    "hedgehog_attention_reference",
+    "hedgehog_features",
+    "identity_feature_map",
+]
 
 
 def identity_feature_map(heads: int, head_dim: int, features: int, **dd) -> Tensor:
@@ -70,6 +79,43 @@ def hedgehog_features(x: Tensor, weight: Tensor, mask: Tensor | None = None) -> 
     return masked_fill_keys(phi, mask)
 
 
+def hedgehog_attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature_map_q: Tensor,
+    feature_map_k: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    window: int = 0,
+    window_gate: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Hedgehog (with LoLCATs' window) as the module docstring's equation reads, the `[n, n]` weights formed (O(n^2)
+    memory): the oracle every faster path is tested against. Arguments and result as `hedgehog_attention`'s.
+    """
+    phi_q, phi_k = hedgehog_features(q, feature_map_q), hedgehog_features(k, feature_map_k, mask)
+    dtype, n = phi_q.dtype, q.shape[-2]
+    with torch.autocast(v.device.type, enabled=False):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        offsets = torch.arange(n, device=q.device)[:, None] - torch.arange(n, device=q.device)  # i - j, [n, n]
+        seen = offsets >= 0 if is_causal else torch.ones_like(offsets, dtype=torch.bool)
+        seen = seen if mask is None else seen & mask[:, None, None, :]  # [n, n] or [b, 1, n, n]
+        weights = phi_q @ phi_k.transpose(-1, -2)  # [b, h, n, n]
+        if window:
+            band = (offsets.abs() <= window) & (offsets >= 0 if is_causal else torch.ones_like(seen))
+            scores = (q @ k.transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
+            scores = scores.masked_fill(~(band & seen), torch.finfo(dtype).min)
+            exact = torch.exp(scores - scores.amax(-1, keepdim=True))
+            if window_gate is not None:
+                exact = exact * window_gate.to(dtype)[:, None, None]
+            weights = torch.where(band, exact, weights)
+        weights = weights.masked_fill(~seen, 0.0)
+        out = (weights @ v) / weights.sum(-1, keepdim=True).clamp_min(DENOMINATOR_EPS)
+    return out.to(v.dtype)
+
+
 def hedgehog_attention(
     q: Tensor,
     k: Tensor,
@@ -90,9 +136,13 @@ def hedgehog_attention(
     True = keep; window: 0 (pure linear attention) or the band half-width (|i - j| <= window, 0 <= i - j <= window
     when causal); window_gate: `[h]` weight g_h of the band's terms (None = 1); scale: of q.k in the band (default
     d^-1/2) -> `[b, h, n, d]` in v's dtype. Computed in float32 at least; a query with no kept key returns zeros.
-    Without a window, non-causal on CUDA: the fused Triton kernels (`_fused_linear`), the features never stored.
+    Paths (`_paths.choose_path`): without a window, non-causal on CUDA, the fused Triton kernels
+    (`_kernels.fused_linear`), the features never stored; otherwise the torch path below.
     """
-    if window == 0 and not is_causal and fused_usable(q, k, v, 2 * feature_map_q.shape[-1]):
+    path = choose_path(
+        q, fused=lambda: window == 0 and not is_causal and fused_usable(q, k, v, 2 * feature_map_q.shape[-1])
+    )
+    if path is Path.FUSED:
         return fused_kernel_attention(q, k, v, mask, Feature.HEDGEHOG, feature_map_q, feature_map_k)
     phi_q = hedgehog_features(q, feature_map_q)
     phi_k = hedgehog_features(k, feature_map_k, mask)
@@ -114,7 +164,7 @@ def hedgehog_attention(
                 out = out + _causal(phi_q, lagged_k, lagged_v1, None, chunk_size)
         elif window + 1 < n:
             # every key's linear term in two matmuls, the band's replaced by its exact term in the blocked pass:
-            # 2.4x faster than two prefix sums, left and right of the band (measured, n = 1025, window 16, CPU)
+            # faster on CPU than two prefix sums, left and right of the band
             out = band_terms(q, k, v1, mask, is_causal, window, scale, window_gate, (phi_q, phi_k))
             out = out + torch.matmul(phi_q, torch.matmul(phi_k.transpose(-1, -2), v1))
         else:
@@ -142,8 +192,8 @@ def band_terms(
     gate: `[h]` or None (= 1).
     """
     b, _, n, _ = q.shape
-    # Blocks of at least 16 positions (not 64 as `local`): the band fills more of each block, measured 2x faster
-    # for windows of 4 to 16.
+    # Blocks of at least 16 positions (not 64 as `local`): the band fills more of each block, faster for short
+    # windows.
     layout = window_layout(n, window, is_causal, min_block=16)
     keep = layout.window_keep(layout.keep(mask, q.device))  # [b or 1, k, (s w)]
     keep = keep[:, :, None, None, :] & band_keep(layout.offsets(q.device), window, is_causal)

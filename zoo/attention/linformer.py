@@ -1,7 +1,11 @@
 """Linformer: "Linformer: Self-Attention with Linear Complexity" (Wang et al. 2020), https://arxiv.org/abs/2006.04768
 
 Keys and values are projected along the sequence by learned `E, F: [r, max_seq_len]` (r = `k` in the paper) before
-exact attention, so the attention matrix is `[n, r]` and cost is linear in n. An input shorter than
+exact attention,
+
+    out = softmax(q (E k)^T * scale) (F v),
+
+so the attention matrix is `[n, r]` and cost is linear in n. An input shorter than
 `max_seq_len` uses the leading n columns of E and F; a longer one is an error. Padded keys and values are zeroed
 before the projection, so they add nothing to any projected key or value.
 
@@ -9,8 +13,9 @@ Sharing (paper section 4): `share="none"` is the paper's headwise sharing (one E
 its heads); `"kv"` uses E for values too (F = E); `"layerwise"` shares one E across every layer of a model, for
 keys and values. See `LinformerAttention` for how layerwise sharing finds "every layer of a model".
 
-This file also holds the sequence-length check, the masked softmax and the blocked attention the projection-family
-files (nystrom, synthesizer) share. `reference=True` runs the `[n, r]` attention as an explicit softmax instead of SDPA.
+`linformer_reference` writes the equation out (the tests' oracle); the torch path runs the `[n, r]` attention on
+SDPA. This file also holds the sequence-length check, the masked softmax and the blocked attention (its kernel in
+`_kernels.blocked_softmax`) the projection-family files (nystrom, synthesizer) share.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ from torch import Tensor, nn
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys
+from ._kernels.blocked_softmax import BlockedAttention
+from ._paths import Path, choose_path
 from ._registry import register_attention
-from ._workspace import exporting, first_order_only, rows_per_block, unwritten
-from .softmax import softmax_attention
+from .softmax import softmax_attention, softmax_reference
 
 __all__ = [
     "LinformerAttention",
     "blocked_attention",
     "check_seq_len",
     "linformer_attention",
+    "linformer_reference",
     "masked_softmax",
 ]
 
@@ -60,13 +67,6 @@ def masked_softmax(logits: Tensor, keep: Tensor | None) -> Tensor:
     return weights * keep
 
 
-# Bytes of one `[b h, w_q, w_k]` block of logits in `blocked_attention`: small enough to stay in cache and to be
-# reused (a fresh `[n, r]` buffer costs page faults as dear as the exp on it), large enough to keep the op count low.
-_BLOCK_BYTES = 2**22
-# Most keys per block: the long side of a `[few, n]` attention is cut into blocks of this many keys.
-_MAX_KEY_BLOCK = 1024
-
-
 def blocked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
     """`softmax(q k^T) v` over the kept keys (no scale: fold it into q or k), never storing `[n, m]`.
 
@@ -77,103 +77,37 @@ def blocked_attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = Non
     query with no kept key gets zeros, as `masked_softmax` gives. Computed in q's dtype. Under `torch.export`, whose
     tracing refuses the blocks' `out=` workspaces, the `[n, m]` weights are formed instead.
     """
-    if exporting():
-        return masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
-    return _BlockedAttention.apply(q, k, v, keep)
+    if choose_path(q, kernel=lambda: True) is Path.KERNEL:
+        return BlockedAttention.apply(q, k, v, keep)
+    return masked_softmax(q @ k.transpose(-2, -1), None if keep is None else keep[:, None, None, :]) @ v
 
 
-def _key_blocks(m: int) -> list[slice]:
-    width = min(m, _MAX_KEY_BLOCK)
-    return [slice(start, min(start + width, m)) for start in range(0, m, width)]
+def linformer_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    e: Tensor,
+    f: Tensor,
+    mask: Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The equation `softmax(q (E k)^T * scale) (F v)` written out: the tests' oracle.
+
+    q, k, v: `[b, h, n, d]`; e, f: `[r, n]`; mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`.
+    """
+    k_proj, v_proj = _projected(k, v, e, f, mask)
+    return softmax_reference(q, k_proj, v_proj, scale=scale, dropout_p=dropout_p)
 
 
-class _BlockedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None):
-        b, h, n, _ = q.shape
-        m, e = k.shape[-2], v.shape[-1]
-        key_blocks = _key_blocks(m)
-        wk = key_blocks[0].stop
-        wq = rows_per_block(n, b * h * wk * q.element_size(), _BLOCK_BYTES, q.device)
-        scores_ws = unwritten(q, (b * h * wq * wk,))
-        drop = None if keep is None else ~keep[:, None, None, :]  # [b, 1, 1, m]
-        floor = torch.finfo(q.dtype).min
-        out = unwritten(q, (b, n, h, e)).permute(0, 2, 1, 3)
-        lse = unwritten(q, (b, h, n, 1))
-        k_t = k.transpose(-2, -1)
-        for start in range(0, n, wq):
-            qrows = slice(start, min(start + wq, n))
-            w = qrows.stop - qrows.start
-            q_rows = q[:, :, qrows]
-            row_max = row_sum = acc = None
-            for keys in key_blocks:
-                scores = torch.matmul(
-                    q_rows, k_t[..., keys], out=scores_ws[: b * h * w * (keys.stop - keys.start)].view(b, h, w, -1)
-                )
-                if drop is not None:
-                    scores.masked_fill_(drop[..., keys], floor)
-                block_max = scores.amax(-1, keepdim=True)
-                if row_max is None:
-                    new_max = block_max
-                else:
-                    new_max = torch.maximum(row_max, block_max)
-                    correction = torch.exp(row_max - new_max)
-                    row_sum.mul_(correction)
-                    acc.mul_(correction)
-                weights = scores.sub_(new_max).exp_()
-                if drop is not None:
-                    weights.masked_fill_(drop[..., keys], 0.0)
-                block_sum = weights.sum(-1, keepdim=True)
-                if acc is None:
-                    row_sum, acc = block_sum, torch.matmul(weights, v[:, :, keys])
-                else:
-                    row_sum.add_(block_sum)
-                    acc.add_(torch.matmul(weights, v[:, :, keys]))
-                row_max = new_max
-            # A query with no kept key: weights all zero, sum 0 -> output 0 (and lse +inf: zero weights in backward).
-            # copy_ rather than out=: torch.compile cannot trace an `out=` view that is not contiguous
-            out[:, :, qrows] = acc.div_(row_sum.clamp_min(torch.finfo(q.dtype).tiny))
-            lse[:, :, qrows] = row_max.add_(row_sum.log())
-        lse.masked_fill_(lse == float("-inf"), float("inf"))
-        ctx.save_for_backward(q, k, v, keep, out, lse)
-        ctx.blocks = (wq, wk)
-        return out
-
-    @staticmethod
-    @first_order_only
-    def backward(ctx, grad_out: Tensor):
-        q, k, v, keep, out, lse = ctx.saved_tensors
-        wq, wk = ctx.blocks
-        b, h, n, _ = q.shape
-        m = k.shape[-2]
-        key_blocks = _key_blocks(m)
-        scores_ws, grad_ws = unwritten(q, (b * h * wq * wk,)), unwritten(q, (b * h * wq * wk,))
-        drop = None if keep is None else ~keep[:, None, None, :]
-        grad_q = unwritten(q, q.shape)
-        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
-        k_t = k.transpose(-2, -1)
-        for start in range(0, n, wq):
-            qrows = slice(start, min(start + wq, n))
-            w = qrows.stop - qrows.start
-            q_rows, grad_rows = q[:, :, qrows], grad_out[:, :, qrows]
-            # sum_j p_ij dp_ij = grad_out_i . out_i (the softmax backward's row term).
-            delta = (grad_rows * out[:, :, qrows]).sum(-1, keepdim=True)
-            grad_q_rows = None
-            for keys in key_blocks:
-                shape = (b, h, w, keys.stop - keys.start)
-                size = math.prod(shape)
-                weights = torch.matmul(q_rows, k_t[..., keys], out=scores_ws[:size].view(shape))
-                weights = weights.sub_(lse[:, :, qrows]).exp_()
-                if drop is not None:
-                    weights.masked_fill_(drop[..., keys], 0.0)
-                grad_v[:, :, keys] += torch.matmul(weights.transpose(-2, -1), grad_rows)
-                grad_scores = torch.matmul(grad_rows, v[:, :, keys].transpose(-2, -1), out=grad_ws[:size].view(shape))
-                grad_scores = grad_scores.sub_(delta).mul_(weights)
-                grad_k[:, :, keys] += torch.matmul(grad_scores.transpose(-2, -1), q_rows)
-                part = torch.matmul(grad_scores, k[:, :, keys])
-                grad_q_rows = part if grad_q_rows is None else grad_q_rows.add_(part)
-            grad_q[:, :, qrows] = grad_q_rows
-        return grad_q, grad_k, grad_v, None
+def _projected(k: Tensor, v: Tensor, e: Tensor, f: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`E k` and `F v`, `[b, h, r, d]`, the padded keys and values zeroed first."""
+    if e.shape[-1] != k.shape[-2] or f.shape[-1] != v.shape[-2]:
+        raise ValueError(f"projections {tuple(e.shape)}, {tuple(f.shape)} do not fit {k.shape[-2]} keys")
+    k_proj = torch.einsum("rm,bhmd->bhrd", e, masked_fill_keys(k, mask))  # b h r d
+    v_proj = torch.einsum("rm,bhmd->bhrd", f, masked_fill_keys(v, mask))  # b h r d
+    return k_proj, v_proj
 
 
 def linformer_attention(
@@ -192,13 +126,12 @@ def linformer_attention(
 
     q, k, v: `[b, h, n, d]`; e, f: `[r, n]` (the leading n columns of the `[r, max_seq_len]` projections);
     mask: `[b, n]` bool key padding mask, True = keep -> `[b, h, n, d]`. The `[n, r]` attention runs on SDPA, or
-    as an explicit softmax with `reference=True`.
+    `linformer_reference` with `reference=True`.
     """
-    if e.shape[-1] != k.shape[-2] or f.shape[-1] != v.shape[-2]:
-        raise ValueError(f"projections {tuple(e.shape)}, {tuple(f.shape)} do not fit {k.shape[-2]} keys")
-    k_proj = torch.einsum("rm,bhmd->bhrd", e, masked_fill_keys(k, mask))  # b h r d
-    v_proj = torch.einsum("rm,bhmd->bhrd", f, masked_fill_keys(v, mask))  # b h r d
-    return softmax_attention(q, k_proj, v_proj, scale=scale, dropout_p=dropout_p, reference=reference)
+    if choose_path(q, reference=reference) is Path.REFERENCE:
+        return linformer_reference(q, k, v, e, f, mask, scale=scale, dropout_p=dropout_p)
+    k_proj, v_proj = _projected(k, v, e, f, mask)
+    return softmax_attention(q, k_proj, v_proj, scale=scale, dropout_p=dropout_p)
 
 
 def _init_projection(weight: Tensor) -> Tensor:

@@ -10,8 +10,9 @@ query's group, spanning about δ * kernel cells. An axis whose group is shorter 
 (NATTEN refuses such grids). Prefix tokens (class, registers) attend to every token and every token to them. A
 kernel covering the grid is exact softmax attention.
 
-The torch path cuts each dilation group into tiles of queries; a tile's keys are the (tile + kernel - 1)-wide
-region holding all its queries' neighbourhoods, gathered once, and a `[tile, region]` mask keeps each query's
+`neighborhood_reference` writes the pattern out on dense `[n, n]` scores (the tests' oracle). The torch path cuts
+each dilation group into tiles of queries; a tile's keys are the (tile + kernel - 1)-wide region holding all its
+queries' neighbourhoods, gathered once (`_kernels.neighborhood`), and a `[tile, region]` mask keeps each query's
 own kernel x kernel keys: one SDPA call over all tiles, O(n (tile + kernel)^2) work, no n x n tensor. The
 window along an axis is `clamped_window` (per cell: `axis_neighborhood`), from which come the dense pattern
 (`neighborhood_keep`), the FlexAttention pattern (`neighborhood_mask`) and the tiles' masks.
@@ -37,12 +38,14 @@ from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import Tensor
 
 from .._validate import check_int
+from ._blocks import allowed_attention
 from ._flex import BLOCK, FlexMask
-from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, prefix_table, with_prefix
+from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, prefix_table, with_prefix
+from ._kernels.neighborhood import tiled_region_attention
 from ._registry import register_attention
 
 __all__ = [
@@ -54,14 +57,14 @@ __all__ = [
     "neighborhood_attention",
     "neighborhood_keep",
     "neighborhood_mask",
+    "neighborhood_reference",
     "tile_order",
 ]
 
-# Floats of the count images `_reached_blocks` holds at once (64 MiB).
+# Floats of the count images `_reached_blocks` holds at once: bounds its memory at any grid.
 COUNT_ELEMENTS = 1 << 24
-# Queries per tile side. CPU, one thread, fwd + bwd, 64 x 64 grid, 4 heads of 32, tiles 4 / 8 / 12 / 16: kernel 7
-# 92 / 47 / 72 / 69 ms, kernel 13 243 / 97 / 134 / 116, kernel 23 625 / 242 / 266 / 226. Smaller tiles gather fewer
-# unused keys but make SDPA calls too small; 8 is fastest or within 7% at every kernel.
+# Queries per tile side. Smaller tiles gather fewer unused keys but make SDPA calls too small, larger ones gather
+# more of the region no query of the tile sees; 8 was the fastest, or close to it, at every kernel size tried on CPU.
 TILE = 8
 
 
@@ -97,6 +100,28 @@ def neighborhood_keep(
     along_cols = axis_neighbors(cols, kernel, dilation, device)
     patches = rearrange(along_rows[:, None, :, None] & along_cols[None, :, None, :], "y x i j -> (y x) (i j)")
     return with_prefix(patches, num_prefix_tokens)
+
+
+def neighborhood_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    kernel: int = 7,
+    dilation: int = 1,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The pattern (`neighborhood_keep`) on dense scores, O(n^2): the tests' oracle.
+
+    q, k, v: `[b, h, n, d]` with n = num_prefix_tokens + rows * cols; mask: `[b, n]` bool key padding mask,
+    True = keep -> `[b, h, n, d]`.
+    """
+    allowed = neighborhood_keep(grid_size, num_prefix_tokens, kernel, dilation, q.device)  # [n, n]
+    return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
 
 
 def tile_order(grid_size: tuple[int, int], tile_rows: int, device=None) -> Tensor:
@@ -136,7 +161,7 @@ def _reached_blocks(
 def auto_tile_rows(grid_size: tuple[int, int], kernel: int, dilation: int, device: torch.device | None = None) -> int:
     """The band height `tile_rows='auto'` orders the grid in: of 1 (raster order), 2, 4, ..., `BLOCK` (up to the
     rows), the one whose query blocks reach the fewest key blocks (`_reached_blocks`, counted on `device`: (rows *
-    cols)^2 multiply-adds per height, 10 - 20 s in all for a 256 x 256 grid on one CPU core), the lowest on a tie."""
+    cols)^2 multiply-adds per height, seconds on a CPU for a large grid, hence the cache), the lowest on a tie."""
     heights = [1 << i for i in range(BLOCK.bit_length()) if 1 << i <= grid_size[0]]
     reached = [_reached_blocks(grid_size, kernel, dilation, height, device) for height in heights]
     return heights[reached.index(min(reached))]
@@ -234,39 +259,10 @@ def _group_attention(
     q, k, v: `[b, h, y, x, d]`; keep: `[b, y, x]` bool or None; prefix: keys `[b, h, p, d]`, values and their keep
     `[b, p]` (or None) that every query also sees -> `[b, h, y, x, d]`.
     """
-    b, _, rows, cols, _ = q.shape
-    ty, tx = min(TILE, rows), min(TILE, cols)
-    (row_keys, row_seen), (col_keys, col_seen) = (
-        _axis_tiles(rows, kernel, ty, q.device),
-        _axis_tiles(cols, kernel, tx, q.device),
-    )
-    gy, gx = row_keys.shape[0], col_keys.shape[0]
-    queries = F.pad(q, (0, 0, 0, gx * tx - cols, 0, gy * ty - rows))
-    queries = rearrange(queries, "b h (gy ty) (gx tx) d -> (b gy gx) h (ty tx) d", ty=ty, tx=tx)
-
-    def regions(x: Tensor) -> Tensor:
-        x = x[:, :, row_keys][:, :, :, :, col_keys]  # [b, h, gy, ry, gx, rx, d]
-        return rearrange(x, "b h gy ry gx rx d -> (b gy gx) h (ry rx) d")
-
-    keys, values = regions(k), regions(v)
-    allowed = row_seen[:, None, :, None, :, None] & col_seen[None, :, None, :, None, :]
-    allowed = rearrange(allowed, "gy gx ty tx ry rx -> 1 (gy gx) (ty tx) (ry rx)")
-    if keep is not None:
-        cells = rearrange(keep[:, row_keys][:, :, :, col_keys], "b gy ry gx rx -> b (gy gx) 1 (ry rx)")
-        allowed = allowed & cells
-    if prefix is not None:
-        prefix_k, prefix_v, prefix_keep = prefix
-        keys = torch.cat([keys, repeat(prefix_k, "b h p d -> (b g) h p d", g=gy * gx)], dim=2)
-        values = torch.cat([values, repeat(prefix_v, "b h p d -> (b g) h p d", g=gy * gx)], dim=2)
-        extra = torch.ones(1, 1, 1, prefix_k.shape[2], dtype=torch.bool, device=q.device)
-        extra = extra if prefix_keep is None else prefix_keep[:, None, None, :]
-        batch = max(allowed.shape[0], extra.shape[0])
-        allowed = torch.cat([allowed.expand(batch, -1, -1, -1), extra.expand(batch, *allowed.shape[1:3], -1)], -1)
-    allowed = rearrange(allowed.expand(b, -1, -1, -1), "b g t m -> (b g) 1 t m")
-    # Every query's neighbourhood holds a grid cell: only a padding mask can leave it without keys.
-    out = masked_sdpa(queries, keys, values, allowed, scale, dropout_p, may_be_empty=keep is not None)
-    out = rearrange(out, "(b gy gx) h (ty tx) d -> b h (gy ty) (gx tx) d", b=b, gy=gy, ty=ty)
-    return out[:, :, :rows, :cols]
+    rows, cols = q.shape[2:4]
+    row_tiles = _axis_tiles(rows, kernel, min(TILE, rows), q.device)
+    col_tiles = _axis_tiles(cols, kernel, min(TILE, cols), q.device)
+    return tiled_region_attention(q, k, v, keep, prefix, row_tiles, col_tiles, scale, dropout_p)
 
 
 def neighborhood_attention(
@@ -341,8 +337,19 @@ class NeighborhoodAttention(GridAttention):
         self.dilation = check_int("dilation", dilation, 1)
         self.tile_rows = check_tile_rows(tile_rows)
 
-    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
-        return neighborhood_keep(grid, self.num_prefix_tokens, self.kernel, self.dilation, device)
+    def reference_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
+        return neighborhood_reference(
+            q,
+            k,
+            v,
+            mask,
+            grid_size=grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            kernel=self.kernel,
+            dilation=self.dilation,
+            scale=self.scale,
+            dropout_p=dropout_p,
+        )
 
     def flex_pattern(self, grid: tuple[int, int], device: torch.device):
         return neighborhood_mask(grid, self.num_prefix_tokens, self.kernel, self.dilation, device, self.tile_rows)

@@ -11,12 +11,14 @@ landmark, a softmax or its normaliser), and the pseudo-inverse's initial scale `
 taken per (sample, head), never over the batch as the authors' code's default did. A length that does not
 divide into the landmark count is padded internally (pad tokens are masked), and the output unpadded. With
 at least as many landmarks as tokens every token is its own landmark, the approximation tends to exact
-attention as the pseudo-inverse converges, and exact softmax attention is computed directly. `reference=True`
-materialises the three kernels instead of the blocked attention calls.
+attention as the pseudo-inverse converges, and exact softmax attention is computed directly. `nystrom_reference`
+materialises the three kernels (the tests' oracle); the torch path runs the two outer ones as blocked attention
+calls (`linformer.blocked_attention`), never forming an `[n, r]` tensor.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -26,11 +28,12 @@ from torch import Tensor, nn
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
+from ._paths import Path, choose_path
 from ._registry import register_attention
 from .linformer import blocked_attention, masked_softmax
 from .softmax import softmax_attention
 
-__all__ = ["NystromAttention", "iterative_pinv", "nystrom_attention"]
+__all__ = ["NystromAttention", "iterative_pinv", "nystrom_attention", "nystrom_reference"]
 
 
 def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
@@ -67,6 +70,33 @@ def _landmarks(q: Tensor, k: Tensor, keep: Tensor | None, r: int, w: int) -> tup
     return q_l, k_l, has_landmark
 
 
+def nystrom_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    num_landmarks: int = 64,
+    pinv_iterations: int = 6,
+    scale: float | None = None,
+) -> Tensor:
+    """The equation with its three kernels materialised, `[n, r]`, `[r, r]` and `[r, n]`: the tests' oracle.
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool padding mask, True = keep -> `[b, h, n, d]` in v's dtype.
+    """
+    n, out_dtype = q.shape[-2], v.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, keep, marks = _landmark_kernel(q, k, v, mask, num_landmarks, scale)
+        key_keep = None if keep is None else keep[:, None, None, :]
+        q, k = (masked_fill_keys(pad_to_multiple(t, marks.padded)[0], keep) for t in (q, k))
+        v = pad_to_multiple(v, marks.padded)[0]
+        landmark_keep = None if marks.present is None else marks.present[:, None, None, :]
+        kernel_1 = masked_softmax((q * marks.scale) @ marks.k.transpose(-2, -1), landmark_keep)  # b h n r
+        kernel_3 = masked_softmax(marks.q @ k.transpose(-2, -1), key_keep)  # b h r n
+        out = kernel_1 @ (iterative_pinv(marks.kernel, pinv_iterations) @ (kernel_3 @ v))
+    return out[:, :, :n].to(out_dtype)
+
+
 def nystrom_attention(
     q: Tensor,
     k: Tensor,
@@ -78,7 +108,8 @@ def nystrom_attention(
     scale: float | None = None,
     reference: bool = False,
 ) -> Tensor:
-    """Nystrom approximation of softmax attention (no convolution skip; the module adds it).
+    """Nystrom approximation of softmax attention (no convolution skip; the module adds it), on the path
+    `choose_path` picks.
 
     q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool padding mask, True = keep (self-attention: it drops keys and
     keeps padded queries out of the query landmarks) -> `[b, h, n, d]` in v's dtype, computed in float32 at
@@ -88,13 +119,25 @@ def nystrom_attention(
     identity, so it adds nothing. Rows of padded queries are not meaningful.
 
     The `[n, r]` kernels are never formed: `softmax(q_l k^T) v` and `softmax(q k_l^T) W` are `blocked_attention`
-    calls (blocked, weights recomputed in backward); `reference=True` is the explicit reference with the three
-    kernels materialised.
+    calls (blocked, weights recomputed in backward); `reference=True`: `nystrom_reference`.
     """
-    b, _, n, d = q.shape
-    r = num_landmarks
-    w = -(-n // r)
+    options = {"num_landmarks": num_landmarks, "pinv_iterations": pinv_iterations, "scale": scale}
+    if choose_path(q, reference=reference) is Path.REFERENCE:
+        return nystrom_reference(q, k, v, mask, **options)
     out_dtype = v.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v, keep, marks = _landmark_kernel(q, k, v, mask, num_landmarks, scale)
+        values = blocked_attention(marks.q, k, v, mask)  # softmax(q_l k^T) v: b h r d
+        weights = iterative_pinv(marks.kernel, pinv_iterations) @ values
+        out = blocked_attention(q, marks.k * marks.scale, weights, None if keep is None else marks.present)
+    return out.to(out_dtype)
+
+
+def _landmark_kernel(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, r: int, scale: float | None):
+    """What both paths share, under autocast off: q, k, v in float32 at least, the keep mask padded to r * w (or
+    None), and the `_Landmarks`."""
+    b, _, n, d = q.shape
+    w = -(-n // r)
     dtype = torch.promote_types(v.dtype, torch.float32)
     scale = scale or d**-0.5
     keep = mask
@@ -102,28 +145,30 @@ def nystrom_attention(
         keep = torch.ones(b, n, dtype=torch.bool, device=q.device) if keep is None else keep
         keep = F.pad(keep, (0, r * w - n), value=False)
     # The pinv iterations and the three softmaxes lose too much in half precision: float32 inside.
-    with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        q_l, k_l, has_landmark = _landmarks(q, k, keep, r, w)
-        q_l = q_l * scale
-        landmark_keep = middle_keep = None
-        if has_landmark is not None:
-            landmark_keep = has_landmark[:, None, None, :]
-            eye = torch.eye(r, dtype=torch.bool, device=q.device)
-            middle_keep = (has_landmark[:, None, :, None] & landmark_keep) | eye
-        kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
-        if not reference:
-            values = blocked_attention(q_l, k, v, mask)  # softmax(q_l k^T) v: b h r d
-            weights = iterative_pinv(kernel_2, pinv_iterations) @ values
-            out = blocked_attention(q, k_l * scale, weights, None if keep is None else has_landmark)
-            return out.to(out_dtype)
-        key_keep = None if keep is None else keep[:, None, None, :]
-        q, k = (masked_fill_keys(pad_to_multiple(t, r * w)[0], keep) for t in (q, k))
-        v = pad_to_multiple(v, r * w)[0]
-        kernel_1 = masked_softmax((q * scale) @ k_l.transpose(-2, -1), landmark_keep)  # b h n r
-        kernel_3 = masked_softmax(q_l @ k.transpose(-2, -1), key_keep)  # b h r n
-        out = kernel_1 @ (iterative_pinv(kernel_2, pinv_iterations) @ (kernel_3 @ v))
-    return out[:, :, :n].to(out_dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    q_l, k_l, has_landmark = _landmarks(q, k, keep, r, w)
+    q_l = q_l * scale
+    landmark_keep = middle_keep = None
+    if has_landmark is not None:
+        landmark_keep = has_landmark[:, None, None, :]
+        eye = torch.eye(r, dtype=torch.bool, device=q.device)
+        middle_keep = (has_landmark[:, None, :, None] & landmark_keep) | eye
+    kernel_2 = masked_softmax(q_l @ k_l.transpose(-2, -1), middle_keep)  # b h r r
+    return q, k, v, keep, _Landmarks(q_l, k_l, kernel_2, has_landmark, scale, r * w)
+
+
+@dataclass(frozen=True)
+class _Landmarks:
+    """The landmarks `q` (times the scale) and `k` `[b, h, r, d]`, the middle kernel `softmax(q_l k_l^T)`
+    `[b, h, r, r]`, which segments hold a kept token `present` `[b, r]` (None: all), the scale and the padded
+    length r * w."""
+
+    q: Tensor
+    k: Tensor
+    kernel: Tensor
+    present: Tensor | None
+    scale: float
+    padded: int
 
 
 # Rows per block of `sequence_conv`: small blocks waste few multiplications on the band's zeros (the block's
@@ -136,8 +181,8 @@ def sequence_conv(x: Tensor, taps: Tensor) -> Tensor:
     paper's code, `nn.Conv2d(h, h, (t, 1), groups=h)` on `[b, h, n, d]`).
 
     x: `[b, h, n, d]`, taps: `[h, t]` (t odd) -> `[b, h, n, d]`. Computed as a batched matmul of each block of
-    `_CONV_BLOCK` rows with its `[w, w + t - 1]` Toeplitz band: on CPU about 1.5x faster than mkldnn's depthwise
-    convolution forward and backward (0.20 vs 0.30 s at 16K x 8 x 64 with t = 33).
+    `_CONV_BLOCK` rows with its `[w, w + t - 1]` Toeplitz band, which on CPU runs faster than mkldnn's depthwise
+    convolution, forward and backward.
     """
     h, n = x.shape[1:3]
     t, w = taps.shape[-1], _CONV_BLOCK

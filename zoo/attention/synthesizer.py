@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase
+from ._paths import Path, choose_path
 from ._registry import register_attention
 from .linformer import check_seq_len, masked_softmax
 from .softmax import causal_keep, softmax_attention
@@ -192,7 +193,9 @@ class SynthesizerAttention(AttentionBase):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         check_seq_len(self.attention_name, q.shape[-2], self.max_seq_len)
         dropout_p = self.attn_drop.p if self.training else 0.0
-        if self.reference or (self.mode == "dense") == self.factorized:
+        # The factorized dense and the full random logits are no dot products: the torch path forms them too.
+        explicit = (self.mode == "dense") == self.factorized
+        if choose_path(q, reference=self.reference) is Path.REFERENCE or explicit:
             return synthesizer_attention(self.logits(q, k), v, mask, is_causal, dropout_p)
         queries, keys = self._dot_product_form(q, k)
         # SDPA's fused kernels want one head dim for queries, keys and values: zero columns change nothing.

@@ -1,9 +1,15 @@
 """Transformer-VQ: "Transformer-VQ: Linear-Time Transformers via Vector Quantization" (Lingle 2023),
 https://arxiv.org/abs/2309.16354
 
-Keys are vector-quantised to a per-head codebook of S codewords, so every query sees at most S distinct logits:
+Keys are vector-quantised to a per-head codebook of S codewords C, k_j -> C[z_j], so every query sees at most S
+distinct logits:
+
+    out_i = sum_j softmax_j(q_i . C[z_j] * scale) v_j
+          = sum_s softmax_s(q_i . C[s] * scale + log N_s) (sum_{j : z_j = s} v_j / N_s),   N_s = #{j : z_j = s}
+
 softmax over the N quantised keys equals softmax over the S codewords, each logit raised by log(count of keys
-with that code) and each value the mean of those keys' values. The cost is O(N S d), linear in N. Causal mode
+with that code) and each value the mean of those keys' values. `vq_attention_reference` is the first line on
+dense `[n, n]` scores (the tests' oracle), `vq_attention` the second. The cost is O(N S d), linear in N. Causal mode
 is the paper's block recurrence: exact softmax inside a block of `block_len` positions plus a cache of per-code
 value sums and counts of all earlier blocks, merged in one softmax.
 
@@ -27,6 +33,7 @@ from torch import Tensor
 
 from .._validate import check_bool, check_int
 from ._common import AttentionBase, masked_fill_keys, pad_to_multiple
+from ._paths import Path, choose_path
 from ._registry import register_attention
 
 __all__ = [
@@ -101,6 +108,50 @@ def _seen_weights(logits: Tensor, seen: Tensor) -> Tensor:
     Only a row that sees no key changes: its uniform weights would average unseen (future) values; it gets 0.
     """
     return logits.softmax(-1).masked_fill(~seen, 0.0)
+
+
+def vq_attention_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    codebook: Tensor,
+    codes: Tensor,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+    block_len: int = 512,
+) -> Tensor:
+    """Quadratic reference for `vq_attention`: exact softmax over the straight-through keys `codebook[codes]`.
+
+    Same shapes, outputs and gradients as the fast path: keys straight through, non-causal through their code's
+    mean (each key gets the mean of its code's per-key gradients, as the fast path shares a code's logit gradient),
+    causal from queries of the key's own block of `block_len` only. Padded keys get no weight and a zero value.
+    """
+    out_dtype = v.dtype
+    dtype = _compute_dtype(q, k, v, codebook)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    with torch.autocast(v.device.type, enabled=False):
+        q, k, v, codebook = q.to(dtype), k.to(dtype), v.to(dtype), codebook.to(dtype)
+        n = q.shape[-2]
+        k_hat = codewords(codebook, codes)
+        straight = k
+        if not is_causal:
+            sums = code_sums(_with_ones(k), codes, codebook.shape[1], mask)
+            means = sums[..., :-1] / sums[..., -1:].clamp_min(1)  # b h s d
+            straight = means.gather(2, codes[..., None].expand_as(k))
+        logits = torch.matmul(q * scale, (k_hat + (straight - straight.detach())).transpose(-2, -1))
+        seen = torch.ones(n, n, dtype=torch.bool, device=q.device)
+        if is_causal:
+            position = torch.arange(n, device=q.device) // min(block_len, n)
+            same_block = position[:, None] == position[None, :]
+            logits = torch.where(same_block, logits, torch.matmul(q * scale, k_hat.transpose(-2, -1)))
+            seen = seen.tril()
+        if mask is not None:
+            seen = seen & mask[:, None, None, :]
+            v = masked_fill_keys(v, mask)
+        out = torch.matmul(_seen_weights(logits.masked_fill(~seen, torch.finfo(dtype).min), seen), v)
+    return out.to(out_dtype)
 
 
 def vq_attention(
@@ -201,50 +252,6 @@ def _causal(
     return rearrange(out, "b h k i d -> b h (k i) d")[:, :, :n]
 
 
-def vq_attention_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    codebook: Tensor,
-    codes: Tensor,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    *,
-    scale: float | None = None,
-    block_len: int = 512,
-) -> Tensor:
-    """Quadratic reference for `vq_attention`: exact softmax over the straight-through keys `codebook[codes]`.
-
-    Same shapes, outputs and gradients as the fast path: keys straight through, non-causal through their code's
-    mean (each key gets the mean of its code's per-key gradients, as the fast path shares a code's logit gradient),
-    causal from queries of the key's own block of `block_len` only. Padded keys get no weight and a zero value.
-    """
-    out_dtype = v.dtype
-    dtype = _compute_dtype(q, k, v, codebook)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    with torch.autocast(v.device.type, enabled=False):
-        q, k, v, codebook = q.to(dtype), k.to(dtype), v.to(dtype), codebook.to(dtype)
-        n = q.shape[-2]
-        k_hat = codewords(codebook, codes)
-        straight = k
-        if not is_causal:
-            sums = code_sums(_with_ones(k), codes, codebook.shape[1], mask)
-            means = sums[..., :-1] / sums[..., -1:].clamp_min(1)  # b h s d
-            straight = means.gather(2, codes[..., None].expand_as(k))
-        logits = torch.matmul(q * scale, (k_hat + (straight - straight.detach())).transpose(-2, -1))
-        seen = torch.ones(n, n, dtype=torch.bool, device=q.device)
-        if is_causal:
-            position = torch.arange(n, device=q.device) // min(block_len, n)
-            same_block = position[:, None] == position[None, :]
-            logits = torch.where(same_block, logits, torch.matmul(q * scale, k_hat.transpose(-2, -1)))
-            seen = seen.tril()
-        if mask is not None:
-            seen = seen & mask[:, None, None, :]
-            v = masked_fill_keys(v, mask)
-        out = torch.matmul(_seen_weights(logits.masked_fill(~seen, torch.finfo(dtype).min), seen), v)
-    return out.to(out_dtype)
-
-
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -326,7 +333,8 @@ class VQAttention(AttentionBase):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         codes = quantize(k, self.codebook)
-        attention = vq_attention_reference if self.reference else vq_attention
+        reference = choose_path(q, reference=self.reference) is Path.REFERENCE
+        attention = vq_attention_reference if reference else vq_attention
         out = attention(q, k, v, self.codebook, codes, mask, is_causal, scale=self.scale, block_len=self.block_len)
         if self.training:
             self._commit(k, codes, mask)

@@ -12,9 +12,10 @@ the regions the roll wraps around, which is the same as window boundaries at s, 
 window of s cells, computed here by padding window - s cells before the grid. An axis no longer than the window
 is one window and is not shifted (Swin's rule, per axis). A window covering the grid is exact softmax attention.
 
-The window geometry is `axis_windows` / `window_ids`, from which come the dense pattern (`window2d_keep`), the
-FlexAttention pattern (`window2d_mask`) and the torch path's partition. The grid options, `set_grid` and the
-backends are `_grid.GridAttention`'s, shared with `neighborhood`.
+The window geometry is `axis_windows` / `window_ids`, from which come the dense pattern (`window2d_keep`, which
+`window2d_reference` runs over exact softmax: the tests' oracle), the FlexAttention pattern (`window2d_mask`) and
+the torch path's partition (where the windows tile the grid, the one-write gathers of `_kernels.window2d`). The
+grid options, `set_grid` and the choice of path are `_grid.GridAttention`'s, shared with `neighborhood`.
 
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens, y / x - grid rows /
 columns, gy / gx - windows along them, wy / wx - rows / columns of a window, g - windows.
@@ -31,11 +32,21 @@ from einops import rearrange, repeat
 from torch import Tensor
 
 from .._validate import check_int
+from ._blocks import allowed_attention
 from ._flex import FlexMask
 from ._grid import GridAttention, check_tokens, global_rows, grid_coordinates, masked_sdpa, with_prefix
+from ._kernels.window2d import FromWindows, ToWindows
 from ._registry import register_attention
 
-__all__ = ["Window2dAttention", "axis_windows", "window2d_attention", "window2d_keep", "window2d_mask", "window_ids"]
+__all__ = [
+    "Window2dAttention",
+    "axis_windows",
+    "window2d_attention",
+    "window2d_keep",
+    "window2d_mask",
+    "window2d_reference",
+    "window_ids",
+]
 
 
 def axis_windows(length: int, window: int, shift: int) -> tuple[int, int, int]:
@@ -61,6 +72,28 @@ def window2d_keep(
     """`[n, n]` bool, True where token i may attend to token j (the dense pattern of `window2d_attention`)."""
     ids = window_ids(grid_size, window, shift, device)
     return with_prefix(ids[:, None] == ids, num_prefix_tokens)
+
+
+def window2d_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    window: int = 14,
+    shift: int = 0,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """The pattern (`window2d_keep`) on dense scores, O(n^2): the tests' oracle.
+
+    q, k, v: `[b, h, n, d]` with n = num_prefix_tokens + rows * cols; mask: `[b, n]` bool key padding mask,
+    True = keep -> `[b, h, n, d]`.
+    """
+    allowed = window2d_keep(grid_size, num_prefix_tokens, window, shift, q.device)  # [n, n]
+    return allowed_attention(q, k, v, allowed, mask, scale, dropout_p)
 
 
 @functools.lru_cache(maxsize=64)
@@ -136,12 +169,12 @@ def _tiled_attention(
     back once, laid out as `[b, n, h, d]`, so that the projection after it reads it without a copy. tiles:
     (gy, wy, gx, wx)."""
     gy, wy, gx, wx = tiles
-    queries = _ToWindows.apply(q, p, tiles, False)
-    keys, values = (_ToWindows.apply(x, p, tiles, True) for x in (k, v))
+    queries = ToWindows.apply(q, p, tiles, False)
+    keys, values = (ToWindows.apply(x, p, tiles, True) for x in (k, v))
     keep = _window_keep(mask, q.shape[0], p, (gy * wy, gx * wx), (0, 0, 0, 0), (wy, wx), q.device)
     out = masked_sdpa(queries, keys, values, keep, scale, dropout_p, may_be_empty=mask is not None)
     prefix = global_rows(q[:, :, :p], k, v, mask, scale, dropout_p) if p else None
-    return _FromWindows.apply(out, prefix, p, tiles)
+    return FromWindows.apply(out, prefix, p, tiles)
 
 
 def _window_keep(
@@ -160,73 +193,6 @@ def _window_keep(
         prefix = torch.ones(1, p, dtype=torch.bool, device=device) if mask is None else mask[:, :p]
         keep = torch.cat([keep, prefix[:, None].expand(b, keep.shape[1], -1)], dim=-1)
     return rearrange(keep, "b g m -> (b g) 1 1 m")
-
-
-class _ToWindows(torch.autograd.Function):
-    """`[b, h, p + y x, d]` (any strides) -> `[(b gy gx), h, wy wx (+ p), d]`: each window's cells (then, with
-    `with_prefix`, the p prefix tokens), written once. Autograd through the slice, rearrange and cat would copy each
-    full-size tensor two or three times and zero-fill it for the slice; the backward here writes the gradient back
-    in one pass."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, p: int, tiles: tuple, with_prefix: bool) -> Tensor:
-        gy, wy, gx, wx = tiles
-        b, h, _, d = x.shape
-        ctx.p, ctx.tiles, ctx.with_prefix, ctx.shape = p, tiles, with_prefix, x.shape
-        windows = x.new_empty(b, gy, gx, h, wy * wx + (p if with_prefix else 0), d)
-        _cells_of(windows, wy, wx).copy_(_grid_of(x, p, tiles))
-        if with_prefix:
-            windows[..., wy * wx :, :] = x[:, None, None, :, :p]
-        return windows.flatten(0, 2)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        gy, wy, gx, wx = ctx.tiles
-        b, h, n, d = ctx.shape
-        p = ctx.p
-        grad = grad.unflatten(0, (b, gy, gx))
-        grad_x = grad.new_empty(b, n, h, d).transpose(1, 2)  # [b, h, n, d] laid out as qkv's parts are
-        _grid_of(grad_x, p, ctx.tiles).copy_(_cells_of(grad, wy, wx))
-        if p:
-            grad_x[:, :, :p] = grad[..., wy * wx :, :].sum((1, 2)) if ctx.with_prefix else 0.0
-        return grad_x, None, None, None
-
-
-class _FromWindows(torch.autograd.Function):
-    """The windows' output `[(b gy gx), h, wy wx, d]` and the prefix tokens' `[b, h, p, d]` (or None) ->
-    `[b, h, p + y x, d]` laid out as `[b, n, h, d]`, written once; the backward reads the gradient back in one pass."""
-
-    @staticmethod
-    def forward(ctx, windows: Tensor, prefix: Tensor | None, p: int, tiles: tuple) -> Tensor:
-        gy, wy, gx, wx = tiles
-        bg, h, _, d = windows.shape
-        b = bg // (gy * gx)
-        ctx.p, ctx.tiles = p, tiles
-        out = windows.new_empty(b, p + gy * wy * gx * wx, h, d).transpose(1, 2)
-        _grid_of(out, p, tiles).copy_(_cells_of(windows.unflatten(0, (b, gy, gx)), wy, wx))
-        if p:
-            out[:, :, :p] = prefix
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        gy, wy, gx, wx = ctx.tiles
-        b, h, _, d = grad.shape
-        p = ctx.p
-        grad_windows = grad.new_empty(b, gy, gx, h, wy * wx, d)
-        _cells_of(grad_windows, wy, wx).copy_(_grid_of(grad, p, ctx.tiles))
-        return grad_windows.flatten(0, 2), (grad[:, :, :p] if p else None), None, None
-
-
-def _grid_of(x: Tensor, p: int, tiles: tuple) -> Tensor:
-    """The grid cells of `[b, h, p + y x, d]` as a `[b, gy, gx, h, wy, wx, d]` view."""
-    gy, wy, gx, wx = tiles
-    return x[:, :, p:].unflatten(2, (gy, wy, gx, wx)).permute(0, 2, 4, 1, 3, 5, 6)
-
-
-def _cells_of(windows: Tensor, wy: int, wx: int) -> Tensor:
-    """The cells of `[b, gy, gx, h, wy wx (+ p), d]` windows as a `[b, gy, gx, h, wy, wx, d]` view."""
-    return windows[..., : wy * wx, :].unflatten(-2, (wy, wx))
 
 
 @register_attention("window2d")
@@ -256,8 +222,19 @@ class Window2dAttention(GridAttention):
             shift = window // 2 if shift else 0
         self.shift = check_int("shift", shift, 0, window - 1)
 
-    def pattern(self, grid: tuple[int, int], device: torch.device) -> Tensor:
-        return window2d_keep(grid, self.num_prefix_tokens, self.window, self.shift, device)
+    def reference_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
+        return window2d_reference(
+            q,
+            k,
+            v,
+            mask,
+            grid_size=grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            window=self.window,
+            shift=self.shift,
+            scale=self.scale,
+            dropout_p=dropout_p,
+        )
 
     def flex_pattern(self, grid: tuple[int, int], device: torch.device):
         return window2d_mask(grid, self.num_prefix_tokens, self.window, self.shift, device)

@@ -1,4 +1,4 @@
-"""Flash parts: the CPU fast path of the windowed families (local, dilated, longformer, bigbird, banded_conv).
+"""Flash parts: the CPU kernel the windowed families share (local, dilated, longformer, bigbird, banded_conv).
 
 A pattern is cut into regular parts, each a batch of equal query groups against equal key groups with no mask (or a
 small one), which the CPU flash-attention kernel runs without forming the scores in memory; a causal flag lets it
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._workspace import unwritten
+from .._workspace import unwritten
 
 __all__ = [
     "FLASH_KEY_TILE",
@@ -36,6 +36,7 @@ __all__ = [
     "band_parts",
     "flash_ops_problem",
     "on_kept_prefixes",
+    "parts_apply",
     "parts_attention",
     "prefix_lengths",
     "use_flash_parts",
@@ -92,9 +93,9 @@ def _flash_op(name: str) -> torch._ops.OpOverload:
 
 # Blocks shorter than this are left to the masked path: the kernel's tiles would be too small to pay off.
 FLASH_MIN_BLOCK = 64
-# The kernel skips the masked half of a causal part only in whole key tiles of this length (torch 2.14 CPU,
-# measured: a causal 256 x 256 part costs as much as a full one). Below it a mask is as fast as a flip and spares
-# the flip's copies of q, k, v and their gradients.
+# The kernel skips the masked half of a causal part only in whole key tiles of this length (torch 2.14 CPU: a
+# causal part shorter than a tile costs as much as a full one). Below it a mask is as fast as a flip and spares the
+# flip's copies of q, k, v and their gradients.
 FLASH_KEY_TILE = 512
 
 
@@ -117,12 +118,18 @@ def use_flash_parts(q: Tensor, mask: Tensor | None, dropout_p: float, block: int
     return applies
 
 
+def parts_apply(q: Tensor, mask: Tensor | None, dropout_p: float, block: int) -> bool:
+    """`choose_path`'s `kernel` predicate for a pattern that depends only on positions: the parts run on the whole
+    batch (`use_flash_parts`), or, under a right-padding mask, on each sample's kept prefix (`prefix_lengths`)."""
+    return use_flash_parts(q, mask, dropout_p, block) or prefix_lengths(q, mask, dropout_p) is not None
+
+
 def prefix_lengths(q: Tensor, mask: Tensor | None, dropout_p: float) -> list[int] | None:
     """Each sample's kept length when `mask: [b, n]` (True = keep) keeps a prefix of every row (right padding, as
     `PadCollate` pads) and the flash path would apply without it (CPU, float32 / float64, no dropout); else None.
 
     A windowed pattern that depends only on positions then runs unmasked on each sample's prefix
-    (`on_kept_prefixes`) instead of leaving the flash kernel for the masked path (3-4x slower on padded batches).
+    (`on_kept_prefixes`) instead of leaving the flash kernel for the masked path, which is far slower.
     """
     if mask is None or mask.dim() != 2 or not use_flash_parts(q, None, dropout_p, FLASH_MIN_BLOCK):
         return None
@@ -269,7 +276,7 @@ def _add_block_rows(grad: Tensor, batch: tuple[int, ...], block: int, rows: Tens
 
 # Kernel calls are cut to at most this many bytes of queries: the kernel's outputs and gradients are fresh
 # tensors per call, and glibc serves blocks this small from memory it reuses, where larger ones are mapped anew
-# each time and pay a page fault per 4 KiB (measured at 64K positions: a tenth of the time, in fill_).
+# each time and pay a page fault per page, which at long lengths shows up as time spent zero-filling.
 PIECE_BYTES = 8 << 20
 
 
