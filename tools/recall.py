@@ -2,14 +2,14 @@
 """Sweep attention variants over MQAR (Zoology's multi-query associative recall) at several lengths, widths, seeds
 and learning rates, and write benchmarks/<device>/recall.{md,json,png}: test accuracy per cell (the learning rate
 with the best validation accuracy), a heatmap per variant, accuracy against each variant's state per layer, and
-the issue's goals beside the measured numbers (tools/zoo_bench/recall.py). Each run is tools/train.py --test
+the recall goals beside the measured numbers (tools/zoo_bench/recall.py). Each run is tools/train.py --test
 (train, then test) in a fresh process; a failed run gets its record with the reason. Run it again to resume.
 
     tools/recall.py                                          # the whole default grid (many CPU hours)
     tools/recall.py --variants softmax linear performer local:window=16 --lengths 128 --widths 64 --lrs 3e-3
     tools/recall.py --variants linformer:k=16 --lengths 64 128 --seeds 0 1 2
     tools/recall.py --speed --out benchmarks/cpu        # time the saved sweep's variants: the recall-speed frontier
-    tools/recall.py --lrs 3e-3 --jobs 14 --stop-after 330    # a GPU lease: as many missing runs as fit, all saved
+    tools/recall.py --lrs 3e-3 --jobs 14 --stop-after 330    # a machine held for a while: the runs that fit, saved
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def parse_args() -> argparse.Namespace:
         "--stop-after",
         type=float,
         metavar="SECONDS",
-        help="start no run after this many seconds; the running ones finish and are saved (a GPU lease's length)",
+        help="start no run after this many seconds; the running ones finish and are saved (the time a machine is held)",
     )
     return parser.parse_args()
 

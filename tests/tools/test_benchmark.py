@@ -203,7 +203,7 @@ def test_merge_keeps_earlier_records_and_replaces_the_remeasured(tmp_path):
 def test_flash_kernel_tiles_prints_one_row_per_block_shape(monkeypatch, capsys):
     import runpy
 
-    script = Path(__file__).parents[2] / "tools" / "flash_kernel_tiles.py"
+    script = Path(__file__).parents[2] / "tools" / "dev" / "flash_kernel_tiles.py"
     monkeypatch.setattr(
         "sys.argv", [str(script), "--length", "1024", "--heads", "1", "--repeats", "1", "--threads", "1"]
     )

@@ -1,4 +1,5 @@
-"""docs/cards.md (tools/cards.py): one row per registered variant, generated from the committed results alone."""
+"""docs/cards.md and docs/choose.md (tools/pages.py): one row per registered variant, and one pick per setting,
+generated from the committed results alone."""
 
 from pathlib import Path
 from typing import ClassVar
@@ -8,7 +9,7 @@ import yaml
 
 from zoo.attention import _registry, list_attentions
 from zoo.attention.softmax import SoftmaxAttention
-from zoo_bench import cards
+from zoo_bench import _results, cards
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,8 +27,8 @@ def test_every_registered_variant_has_a_row_and_a_pick_line():
 
 
 def test_the_committed_page_is_what_the_committed_results_give():
-    cards._load.cache_clear()
-    assert (REPO / "docs" / "cards.md").read_text() == cards.cards_markdown(), "run tools/cards.py and commit"
+    _results.load.cache_clear()
+    assert (REPO / "docs" / "cards.md").read_text() == cards.cards_markdown(), "run tools/pages.py and commit"
 
 
 def test_a_new_variant_gets_a_row_of_not_measured(monkeypatch):
@@ -202,9 +203,9 @@ def test_a_bf16_only_gap_is_not_a_device_fault():
 def test_the_committed_decision_page_is_what_the_committed_results_give():
     from zoo_bench import choose
 
-    cards._load.cache_clear()
+    _results.load.cache_clear()
     page = choose.choose_markdown()
-    assert (REPO / "docs" / "choose.md").read_text() == page, "run tools/cards.py and commit"
+    assert (REPO / "docs" / "choose.md").read_text() == page, "run tools/pages.py and commit"
     for setting in ("256 px, GPU", "1024 px, GPU", "2048 px, GPU", "256 px, CPU", "1024 px, CPU", "2048 px, CPU"):
         assert f"| {setting} |" in page
     for setting in ("1K tokens", "16K tokens", "64K tokens"):
@@ -227,7 +228,7 @@ def test_the_decision_page_picks_the_fastest_beyond_the_noise(monkeypatch):
         "parts": {"train": {"items": [item("s", "softmax", 100.0), item("l", "linear", 104.0)]}},
     }
     monkeypatch.setattr(choose, "GPU_TRAIN", ("a.json",))
-    monkeypatch.setattr(choose, "_load", lambda path: check)
+    monkeypatch.setattr(choose, "load", lambda path: check)
     # 4 % faster is within the 5 % margin: softmax
     assert choose._gpu_images(4097)[0] == "`softmax`"
     check["parts"]["train"]["items"][1]["samples_per_s"] = 175.0
@@ -262,7 +263,7 @@ def test_a_pick_measured_with_other_attention_options_says_so(monkeypatch, measu
     softmax.pop("attention_options", None)
     check = {"device_name": "GPU X", "parts": {"train": {"items": [softmax, record]}}}
     monkeypatch.setattr(choose, "GPU_TRAIN", ("a.json",))
-    monkeypatch.setattr(choose, "_load", lambda path: check)
+    monkeypatch.setattr(choose, "load", lambda path: check)
     pick, why = choose._gpu_images(4097)
     assert pick.startswith("`window2d`")
     expected = {
@@ -291,7 +292,7 @@ def test_a_layer_pick_compares_each_variant_with_softmax_in_its_own_file(monkeyp
         "cpu.json": {"records": []},
     }
     monkeypatch.setattr(choose, "LAYER_FILES", {"GPU": ("h100.json", "h200.json"), "CPU": ("cpu.json",)})
-    monkeypatch.setattr(choose, "_load", files.get)
+    monkeypatch.setattr(choose, "load", files.get)
     pick, why = choose._layer("GPU", 65536)
     assert (pick, why) == ("`local`", "10.0x softmax (1e+03 ms) (`h100.json`)")
     files["h200.json"]["records"][1]["fwd_bwd_s"] = 0.4  # 12.5x in its own file
@@ -310,7 +311,7 @@ def test_the_long_recall_answer_states_chance_and_the_softmax_control(monkeypatc
         "records": [record("softmax", 1024, 0.001), record("linear", 1024, 0.002), record("linear", 4096, 0.0003)],
     }
     monkeypatch.setattr(choose, "RECALL_LENGTHS", ("r.json",))
-    monkeypatch.setattr(choose, "_load", lambda path: results)
+    monkeypatch.setattr(choose, "load", lambda path: results)
     text = choose._long_recall()
     assert text.startswith("CPU, `r.json`: ")
     # MQAR at vocabulary 2 L: one value in L, so chance is 1 / L

@@ -1,5 +1,5 @@
 """The device check (tools/device_check.py, `make device-check`) on the CPU at toy sizes, so the GPU path never rots
-between leases: every part runs and writes its report, every shipped 1024-px recipe trains and is compared with
+between GPU runs: every part runs and writes its report, every shipped 1024-px recipe trains and is compared with
 softmax, the sweep runs at both batch sizes, the compiled and long runs are recorded, a part that breaks or runs out
 of time leaves the others' results, and the summary derives crossovers and speedups from the records."""
 
@@ -212,16 +212,16 @@ def test_a_compiled_run_torch_cannot_make_is_a_failed_item_not_a_failed_part(tmp
 
 def test_a_set_this_machine_cannot_build_is_timed_on_a_stand_in_of_its_shape(monkeypatch):
     from zoo.config import load_recipe
-    from zoo.train import loop
+    from zoo.train import parts
 
     def missing(recipe, split):
         raise FileNotFoundError("ragout-examples not found")
 
-    monkeypatch.setattr(loop, "build_split", missing)
+    monkeypatch.setattr(parts, "build_split", missing)
     recipe = load_recipe(REPO / "recipes" / "genomes.yaml", ["data.options.window=300", "data.train_samples=5"])
     notes = []
     with stand_in_data(notes):
-        split = loop.build_split(recipe, "train")
+        split = parts.build_split(recipe, "train")
     assert isinstance(split, StandIn) and len(split) == 5 and split.num_classes == 4
     sample = split[3]
     assert sample["tokens"].shape == (300,) and sample["mask"].all() and int(sample["label"]) == 3
@@ -232,9 +232,9 @@ def test_a_set_this_machine_cannot_build_is_timed_on_a_stand_in_of_its_shape(mon
     ]
     listops = load_recipe(REPO / "recipes" / "lra_listops.yaml")
     with stand_in_data(notes), pytest.raises(FileNotFoundError):
-        loop.build_split(load_recipe(REPO / "recipes" / "vit_softmax_1024.yaml"), "train")
+        parts.build_split(load_recipe(REPO / "recipes" / "vit_softmax_1024.yaml"), "train")
     with stand_in_data(notes):
-        assert loop.build_split(listops, "val")[0]["tokens"].shape == (2000,)
+        assert parts.build_split(listops, "val")[0]["tokens"].shape == (2000,)
 
 
 def _record(variant: str, length: int, seconds: float) -> dict:

@@ -1,14 +1,13 @@
 """The device targets beside the check, on the CPU at toy sizes: `make device-train` (its command, run in this process)
 trains each attention for the same wall time and reports its validation top-1 beside its speed and steps;
-tools/device_lease.sh, the one command a GPU lease runs, installs carried wheels, runs the check and the tests under
-their time limits, and leaves at most 8 files no more than two folders down, on a machine without nvidia-smi too."""
+`make device-site` installs carried wheels where the device targets find them; tools/device_check.py takes its time
+budgets and a kernel profile's layouts as options, and writes everything into one folder."""
 
+import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tarfile
 import zipfile
 from pathlib import Path
 
@@ -51,13 +50,13 @@ def test_device_train_trains_each_attention_for_the_same_wall_time(tmp_path, mon
 
 
 def _wheel(folder: Path) -> Path:
-    """A wheel of one module, `leaseprobe`, as a carried package would be."""
+    """A wheel of one module, `siteprobe`, as a carried package would be."""
     folder.mkdir()
-    path = folder / "leaseprobe-0.1-py3-none-any.whl"
-    info = "leaseprobe-0.1.dist-info"
+    path = folder / "siteprobe-0.1-py3-none-any.whl"
+    info = "siteprobe-0.1.dist-info"
     files = {
-        "leaseprobe.py": "VALUE = 1\n",
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: leaseprobe\nVersion: 0.1\n",
+        "siteprobe.py": "VALUE = 1\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: siteprobe\nVersion: 0.1\n",
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
@@ -67,68 +66,75 @@ def _wheel(folder: Path) -> Path:
     return path
 
 
-def _lease(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path / "out"
-    variables = {
-        "OUT": str(out),
-        "DEVICE": "cpu",
-        "PYTHON": sys.executable,
-        "WHEELS": str(tmp_path / "wheels"),
-        "SITE": str(tmp_path / "site"),
-        **env,
-    }
-    proc = subprocess.run(
-        ["tools/device_lease.sh"],
-        cwd=REPO,
-        env={**os.environ, **variables},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
+def _make(*arguments: str) -> str:
+    proc = subprocess.run(["make", "-s", *arguments], cwd=REPO, capture_output=True, text=True, check=True)
+    return " ".join(proc.stdout.replace("\\\n", " ").split())
+
+
+def test_carried_wheels_install_into_the_site_the_device_targets_put_first(tmp_path):
+    _wheel(tmp_path / "wheels")
+    site = tmp_path / "site"
+    variables = [f"DEVICE_WHEELS={tmp_path / 'wheels'}", f"DEVICE_SITE={site}", f"CHECK_PY={sys.executable}"]
+    _make("device-site", *variables)
+    assert (site / "siteprobe.py").is_file()
+    line = _make("-n", "device-check", "DEVICE=cpu", "DEVICE_OUT=out", *variables)
+    assert f"PYTHONPATH={site}:.:tools" in line
+    # no site: the path is the checkout's alone
+    assert "PYTHONPATH=.:tools " in _make("-n", "device-check", "DEVICE=cpu", f"DEVICE_SITE={tmp_path / 'none'}")
+
+
+def test_make_passes_budgets_and_a_profiled_layout_to_the_check():
+    line = _make(
+        "-n", "device-check", "DEVICE=cpu", "DEVICE_BUDGETS=train=3 bench=4", "DEVICE_FUSED_CONFIG_FROM=p.json"
     )
-    return proc, out
+    assert "--budget train=3 --budget bench=4 --fused-config-from p.json" in line
+    assert "-m dev.kernel_profile --device cpu --out d" in _make("-n", "device-profile", "DEVICE=cpu", "DEVICE_OUT=d")
+
+
+def _device_check_cli():
+    spec = importlib.util.spec_from_file_location("device_check_cli", REPO / "tools" / "device_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_budgets_name_a_part_and_a_positive_number():
+    cli = _device_check_cli()
+    assert cli.parse_budgets(["train=300", "bench=1.5"]) == {"train": 300.0, "bench": 1.5}
+    for item, says in (("trian=3", "unknown part 'trian'"), ("train=x", "a number"), ("train=0", "> 0")):
+        with pytest.raises(ValueError, match=says):
+            cli.parse_budgets([item])
+
+
+def test_a_kernel_profile_chooses_the_layout_unless_one_is_set(tmp_path, monkeypatch):
+    cli = _device_check_cli()
+    profile = tmp_path / "kernel_profile.json"
+    profile.write_text(json.dumps({"cases": [], "fastest_config": "elu=64:8"}))
+    monkeypatch.delenv("ZOO_FUSED_CONFIG", raising=False)
+    cli.use_profiled_config(str(profile))
+    assert os.environ["ZOO_FUSED_CONFIG"] == "elu=64:8"
+    monkeypatch.setenv("ZOO_FUSED_CONFIG", "favor=32:8")
+    cli.use_profiled_config(str(profile))
+    assert os.environ["ZOO_FUSED_CONFIG"] == "favor=32:8"
+    monkeypatch.delenv("ZOO_FUSED_CONFIG")
+    with pytest.raises(ValueError, match="no such file"):
+        cli.use_profiled_config(str(tmp_path / "missing.json"))
 
 
 @pytest.mark.slow
-def test_the_lease_runs_the_check_and_the_tests_and_returns_at_most_8_files(tmp_path):
-    wheel = _wheel(tmp_path / "wheels")
-    # a kernel profile's pick (on a GPU the lease's own profile writes it): the check runs with it and records it
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "kernel_profile.json").write_text(json.dumps({"cases": [], "fastest_config": "elu=64:8"}))
-    proc, out = _lease(
-        tmp_path,
-        ZOO_FUSED_CONFIG="",
-        DEVICE_PARTS="correctness",
-        TEST_TIMEOUT="120",
-        DEVICE_TEST_ARGS="",
-        # a test whose module imports no more than torch: the plumbing is checked, not zoo
-        DEVICE_TESTS="tests/test_layers.py::test_a_new_top_level_folder_has_no_layer_until_listed",
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    files = [path.relative_to(out) for path in out.rglob("*") if path.is_file()]
-    assert sorted(map(str, files)) == [
-        "check.tar.gz", "device_check.json", "device_check.md", "kernel_profile.json", "lease.log", "test.log"
+def test_the_check_records_the_profiled_layout_and_honours_a_budget(tmp_path):
+    """The command a GPU machine runs, end to end on the CPU: one part, its budget given, the profile's layout."""
+    profile = tmp_path / "kernel_profile.json"
+    profile.write_text(json.dumps({"cases": [], "fastest_config": "elu=64:8"}))
+    env = {k: v for k, v in os.environ.items() if k != "ZOO_FUSED_CONFIG"}
+    command = [
+        sys.executable, "tools/device_check.py", "--device", "cpu", "--out", str(tmp_path / "out"),
+        "--parts", "correctness", "--budget", "correctness=2", "--fused-config-from", str(profile),
     ]  # fmt: skip
-    with tarfile.open(out / "check.tar.gz") as archive:
-        assert "check/device_check.json" in archive.getnames()
-    check = json.loads((out / "device_check.json").read_text())
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((tmp_path / "out" / "device_check.json").read_text())
     assert check["parts"]["correctness"]["status"] == "done"
+    assert check["parts"]["correctness"]["budget_s"] == 2
     assert check["environment"]["ZOO_FUSED_CONFIG"] == "elu=64:8"
-    log = (out / "lease.log").read_text()
-    assert log == proc.stdout
-    assert wheel.name in log and (tmp_path / "site" / "leaseprobe.py").is_file()
-    if shutil.which("nvidia-smi") is None:
-        assert "no nvidia-smi on this machine" in log
-    assert "== device-check: exit status 0" in log and "== device-test: exit status 0" in log
-    assert "== device-train: skipped (timeout 0)" in log and log.rstrip().endswith("== lease exit status 0")
-    assert "1 passed" in (out / "test.log").read_text()
-
-
-@pytest.mark.slow
-def test_a_step_past_its_time_limit_is_stopped_and_the_lease_says_so(tmp_path):
-    proc, out = _lease(tmp_path, CHECK_TIMEOUT="1", TEST_TIMEOUT="0", DEVICE_TEST_ARGS="")
-    assert proc.returncode == 1
-    log = (out / "lease.log").read_text()
-    assert "== device-check: stopped at its limit after" in log and "== device-test: skipped (timeout 0)" in log
-    assert log.rstrip().endswith("== lease exit status 1")
-    assert not (out / "check").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["device_check.json", "device_check.md"]

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from zoo.attention._fused_linear import Feature, _config_override
-from zoo_bench import kernel_configs
+from dev import kernel_configs
+from zoo.attention._features import Feature
+from zoo.attention._kernels.fused_linear.plan import config_override as _config_override
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine runs the kernels compiled, not interpreted")
@@ -28,7 +29,7 @@ def test_cpu_rehearsal_times_every_config_and_picks_the_fastest(tmp_path, monkey
         expected = {"16:4": (16, 4, None, None), "32:4::16": (32, 4, None, 16)}[fastest]
         assert _config_override(Feature[feature.upper()]) == expected
     assert "Chosen: `ZOO_FUSED_CONFIG=" in (tmp_path / "kernel_configs.md").read_text()
-    # a line after each configuration: a lease that stops the sweep at its limit exports the best timed so far
+    # a line after each configuration: a run that stops the sweep at its limit exports the best timed so far
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ZOO_FUSED_CONFIG=")]
     elu, hedgehog = results["best"]["elu"], results["best"]["hedgehog"]
     assert printed == [

@@ -1,8 +1,8 @@
-"""zoo_bench.kernel_profile: its CPU rehearsal (Triton's interpreter, toy sizes) and its report."""
+"""dev.kernel_profile (tools/dev): its CPU rehearsal (Triton's interpreter, toy sizes) and its report."""
 
 import json
 
-from zoo_bench import kernel_profile
+from dev import kernel_profile
 
 
 def test_the_cpu_rehearsal_profiles_each_case_of_a_label_and_writes_after_each(tmp_path):

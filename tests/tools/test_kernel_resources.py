@@ -1,4 +1,4 @@
-"""The fused kernels compiled for an H100 / H200 (sm_90) without a GPU (`zoo_bench.kernel_resources`)."""
+"""The fused kernels compiled for an H100 / H200 (sm_90) without a GPU (`dev.kernel_resources`)."""
 
 import json
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zoo_bench import kernel_resources
+from dev import kernel_resources
 
 ROOT = Path(__file__).resolve().parents[2]
 triton = pytest.importorskip("triton")
@@ -30,7 +30,7 @@ def test_the_largest_backward_kernels_fit_sm90_shared_memory():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "ZOO_FUSED_CONFIG")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tools")])
     code = (
-        "import json, sys\nfrom zoo_bench.kernel_resources import resources\n"
+        "import json, sys\nfrom dev.kernel_resources import resources\n"
         f"print(json.dumps([resources(m, 90, (k,))[0]._asdict() for m, k in {LARGEST!r}]))"
     )
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

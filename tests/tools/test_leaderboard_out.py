@@ -1,4 +1,4 @@
-"""The README's leaderboard command runs on any machine (issue 34 item 5): without --out it writes beside the
+"""The README's leaderboard command runs on any machine: without --out it writes beside the
 committed table only when that table came from this machine, else to a folder named after this one."""
 
 import json

@@ -152,7 +152,7 @@ def test_report_marks_unrun_cells_and_states_the_goals(tmp_path, fake):
     text = (tmp_path / "recall.md").read_text()
     assert "| performer | yes | 0.800 | not run |" in text
     assert "softmax >= 0.99 at every cell (Zoology Figure 2): not reached; lowest 0.795" in text
-    # the whole grid is shown: a default variant and length no run reached read "not run"
+    # the whole default grid is shown: a default variant and length no run reached read "not run"
     assert "| local(window=64) | yes | not run | not run | not run |" in text and "L=512" in text
 
 

@@ -3,58 +3,53 @@
 Each column is one capability read from one committed JSON file (`COLUMNS`: a title, the file, the report it
 links to, and a function from the loaded file and a variant to a `Fact`); a variant the file does not cover reads
 "not measured", one that failed there its failure. The "pick this when" line of a card is derived from the facts by
-`RULES`, each a threshold stated in the page, never written by hand. `tools/cards.py` regenerates the page; the
+`RULES`, each a threshold stated in the page, never written by hand. `tools/pages.py` regenerates the page; the
 suite checks that the committed page is what the committed results give, and that every registered variant has a
 row.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zoo.attention import list_attentions
 
+from ._results import (
+    CHUNKED_CHECK,
+    FUSED_DIR,
+    GPU_DIR,
+    GPU_TRAIN,
+    H200_CHECK,
+    HIGHRES,
+    MARGIN,
+    Fact,
+    conversion_text,
+    faster_from,
+    load,
+    miou_text,
+    percent_mean_std,
+    score_text,
+    timed,
+)
 from .machine import REPO_ROOT
-from .recall import summarize_cells
+from .recall_grid import summarize_cells
 from .recall_report import GOAL_CELL
 from .recall_speed import frontier, frontier_points
 
-__all__ = ["COLUMNS", "GPU_TRAIN", "MARGIN", "RULES", "Column", "Fact", "beyond_noise", "cards_markdown", "write_cards"]
-
-GPU_DIR = "benchmarks/nvidia-h100-80gb-hbm3"
-# the fused linear-family kernels, measured on an H200 after the H100's sweep (a later file wins per variant)
-FUSED_DIR = "benchmarks/nvidia-h200/fused"
-# the H200's full device check with the fused kernels on (its torch_paths/ folder: the same check with them off);
-# read for what the newest check below did not reach (neighborhood's and window2d's layer at 64K, the correctness of
-# seven variants)
-H200_CHECK = "benchmarks/nvidia-h200/all_recipes"
-# the newest H200 check, the fused kernels chunked (its layer sweep, and correctness as far as its budget reached);
-# last in each column's sources, so it wins wherever it measured the variant
-CHUNKED_CHECK = "benchmarks/nvidia-h200/chunked"
-# the GPU training checks, oldest first: each variant is read from the newest that trained it (docs/choose.md lists
-# every run of them)
-GPU_TRAIN = (
-    "benchmarks/nvidia-h100-80gb-hbm3/recheck/device_check.json",
-    "benchmarks/nvidia-h200/device_check.json",
-    "benchmarks/nvidia-h200/fused/train_check.json",
-    f"{H200_CHECK}/device_check.json",
-    f"{CHUNKED_CHECK}/device_check.json",
-)
-
-
-@dataclass(frozen=True)
-class Fact:
-    """A cell: its text, and the number the rules read (None where there is none)."""
-
-    text: str
-    value: float | None = None
-    where: str = ""  # where the number was measured, for a pick line that names it
+__all__ = [
+    "COLUMNS",
+    "RULES",
+    "Column",
+    "cards_markdown",
+    "faster_from",
+    "pick_this_when",
+    "variant_facts",
+    "write_cards",
+]
 
 
 @dataclass(frozen=True)
@@ -64,35 +59,6 @@ class Column:
     link: str  # the report the cell links to
     what: str  # what the number is, for the page's legend
     cell: Callable[[list[dict[str, Any]], str], Fact | None]
-
-
-@cache
-def _load(path: str) -> dict[str, Any] | None:
-    file = REPO_ROOT / path
-    return json.loads(file.read_text()) if file.exists() else None
-
-
-# "faster" / "slower" only beyond this relative margin, or the repeats' own spread where larger
-MARGIN = 0.05
-
-
-def _spread(record: dict[str, Any] | None) -> float:
-    """The relative spread (max - min over the median) of a timing record's repeats; 0 without repeats."""
-    times = (record or {}).get("fwd_bwd_times") or []
-    return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
-
-
-def beyond_noise(
-    baseline: float, value: float, record: dict | None = None, base_record: dict | None = None, *, time: bool = False
-) -> bool:
-    """Whether `value` beats `baseline` by more than `MARGIN` or the two records' spread: a time (`time`) by being
-    lower, a rate by being higher."""
-    margin = max(MARGIN, _spread(record), _spread(base_record))
-    return value < baseline * (1 - margin) if time else value > baseline * (1 + margin)
-
-
-def _mean(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 # ----- the cells
@@ -191,7 +157,7 @@ def _listops(data: list[dict[str, Any]], name: str) -> Fact | None:
     for row in (r for d in data for r in d["summary"] if r["variant"] == name):
         if not row["finished"]:
             return Fact(f"failed ({'; '.join(row['failures'])[:60]})")
-        return Fact(f"{row['score']:.1f} ± {row['spread']:.1f}", row["score"])
+        return Fact(score_text(row), row["score"])
     return None
 
 
@@ -200,10 +166,9 @@ def _highres(data: list[dict[str, Any]], name: str) -> Fact | None:
     for results in data:
         scores = [r["test"]["top1"] for r in results["runs"] if r["layout"] == name and r["status"] == "ok"]
         if scores:
-            mean, spread = _mean(scores)
             step = results["steps"].get(name, {}).get("step_s")
             at_2048 = f", {step:.1f} s/step at 2048 px" if step else ""
-            return Fact(f"{100 * mean:.1f} ± {100 * spread:.1f}{at_2048}", 100 * mean)
+            return Fact(f"{percent_mean_std(scores)}{at_2048}", 100 * statistics.fmean(scores))
     return None
 
 
@@ -213,11 +178,8 @@ def _segmentation(data: list[dict[str, Any]], name: str) -> Fact | None:
     for results in data:
         row = results["summary"]["layouts"].get(name)
         if row and row["miou"] is not None:
-            spread = 100 * (row["miou_spread"] or 0.0)
             background = results["summary"]["all_background"]["miou"]
-            return Fact(
-                f"{100 * row['miou']:.1f} ± {spread:.1f} (all-background {100 * background:.1f})", 100 * row["miou"]
-            )
+            return Fact(miou_text(row, background), 100 * row["miou"])
     return None
 
 
@@ -225,8 +187,7 @@ def _conversion(data: list[dict[str, Any]], name: str) -> Fact | None:
     for results in data:
         for row in (r for r in results["rows"] if r["variant"] == name):
             teacher = results["teacher"]["top1_at_target"]
-            text = f"{100 * row['stage2']:.1f} (teacher {100 * teacher:.1f}, scratch {100 * row['scratch']:.1f})"
-            return Fact(text, 100 * (row["stage2"] - teacher))
+            return Fact(conversion_text(row, teacher), 100 * (row["stage2"] - teacher))
     return None
 
 
@@ -239,33 +200,13 @@ def _cpu_time(data: list[dict[str, Any]], name: str) -> Fact | None:
     by_length = _records(data, name)
     if not by_length:
         return None
-    cells = [_timed(by_length.get(n)) for n in (16384, 65536)]
+    cells = [timed(by_length.get(n)) for n in (16384, 65536)]
     summary = next((d.get("summary", {})[name] for d in reversed(data) if name in d.get("summary", {})), {})
     start = faster_from(by_length, _records(data, "softmax")) if name != "softmax" else None
     # a quadratic variant that edges out softmax at some length is no long-sequence choice: slope >= 1.5
     linear_ish = (summary.get("slope") or 2.0) < 1.5
     tail = f"; faster than softmax (by > {MARGIN:.0%}) from {start:,} tokens" if start else ""
     return Fact(f"{cells[0]} / {cells[1]}{tail}", start if start and linear_ish else None)
-
-
-def faster_from(mine: dict[int, dict[str, Any]], softmax: dict[int, dict[str, Any]]) -> int | None:
-    """The shortest measured length from which the variant is faster than softmax at every longer measured length,
-    beyond the noise (`beyond_noise`); None where it is not faster at the longest."""
-    ok = sorted(n for n in mine if n in softmax and mine[n]["status"] == softmax[n]["status"] == "ok")
-    start = None
-    for n in reversed(ok):
-        if not beyond_noise(softmax[n]["fwd_bwd_s"], mine[n]["fwd_bwd_s"], mine[n], softmax[n], time=True):
-            break
-        start = n
-    return start
-
-
-def _timed(record: dict[str, Any] | None) -> str:
-    if record is None:
-        return "-"
-    if record["status"] != "ok":
-        return record["status"]
-    return f"{record['fwd_bwd_s']:.3g} s, {record['peak_mib'] / 1024:.2g} GiB"
 
 
 def _error(data: list[dict[str, Any]], name: str) -> Fact | None:
@@ -366,7 +307,7 @@ COLUMNS = (
     ),
     Column(
         "high-res images",
-        ("benchmarks/cpu/highres.json",),
+        (HIGHRES,),
         "benchmarks/cpu/highres.md",
         "`highres_quick` (256 px, MegaMNIST) test top-1 %, mean ± std over 2 seeds, 400 steps; one training "
         "step at 2048 px (16K tokens) on one CPU thread",
@@ -515,10 +456,10 @@ RULES = (
 )
 
 
-def _facts(name: str) -> dict[str, Fact | None]:
+def variant_facts(name: str) -> dict[str, Fact | None]:
     facts = {}
     for column in COLUMNS:
-        data = [loaded for loaded in map(_load, column.sources) if loaded is not None]
+        data = [loaded for loaded in map(load, column.sources) if loaded is not None]
         facts[column.title] = column.cell(data, name) if data else None
     return facts
 
@@ -538,13 +479,13 @@ def pick_this_when(name: str, facts: dict[str, Fact | None]) -> str:
 
 def cards_markdown() -> str:
     names = list_attentions()
-    facts = {name: _facts(name) for name in names}
+    facts = {name: variant_facts(name) for name in names}
     header = ["variant", *(f"[{c.title}](../{c.link})" for c in COLUMNS)]
     lines = [
         "# One card per attention variant",
         "",
         (
-            "Generated by `tools/cards.py` from the committed results (do not edit by hand): one row per registered "
+            "Generated by `tools/pages.py` from the committed results (do not edit by hand): one row per registered "
             "variant, one column per capability, each linked to the table it comes from. `not measured`: the table "
             "has no row for the variant; a failure reads as such."
         ),
@@ -570,14 +511,6 @@ def cards_markdown() -> str:
 
 
 def write_cards(path: Path | str = REPO_ROOT / "docs" / "cards.md") -> Path:
-    _load.cache_clear()
     path = Path(path)
     path.write_text(cards_markdown())
     return path
-
-
-def write_pages(docs: Path | str = REPO_ROOT / "docs") -> list[Path]:
-    """The cards and the decision page (docs/cards.md, docs/choose.md), from the same committed results."""
-    from .choose import write_choose
-
-    return [write_cards(Path(docs) / "cards.md"), write_choose(Path(docs) / "choose.md")]

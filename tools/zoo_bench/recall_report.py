@@ -1,4 +1,4 @@
-"""The recall grid's report: `recall.json` (every run), `recall.md` (a table per width, the issue's goals beside the
+"""The recall grid's report: `recall.json` (every run), `recall.md` (a table per width, the recall goals beside the
 measured numbers, the state formulas, the protocol) and `recall.png` (an accuracy heatmap per variant and accuracy
 against the state each variant keeps per layer). Cells of the plan that have no run yet read "not run".
 matplotlib is imported only to draw."""
@@ -13,11 +13,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from .recall import (
+from .recall_grid import (
     DEFAULT_LENGTHS,
     DEFAULT_VARIANTS,
     DEFAULT_WIDTHS,
     STATE_FORMULAS,
+    cell_text,
     parse_variant,
     state_size,
     summarize_cells,
@@ -27,24 +28,15 @@ from .recall_speed import SPEED_FILE, frontier, frontier_points, throughputs
 
 __all__ = ["goals", "write_markdown", "write_report"]
 
-# the issue's goal cell (vocabulary 256, length 128, 16 pairs) at width 64, and the cell of its "beyond" goal
+# the goal cell (vocabulary 256, length 128, 16 pairs) at width 64, and the cell of the "beyond" goal
 GOAL_CELL = (128, 64)
 FAR_CELL = (512, 128)
 # compute that grows as N^2: every query reads every key, or (the dense synthesizer) N x N weights per head
 QUADRATIC = ("softmax", "softmax1", "synthesizer")
 
 
-def _fmt(cell: dict[str, Any] | None) -> str:
-    if cell is None:
-        return "not run"
-    if cell["status"] != "ok":
-        return cell["status"]
-    spread = f" ± {cell['top1_std']:.3f}" if cell.get("top1_std") is not None else ""
-    return f"{cell['top1']:.3f}{spread}"
-
-
 def _plan(results: dict[str, Any]) -> dict[str, list]:
-    """The grid the report shows: the issue's whole grid (`DEFAULT_*`) and whatever the sweeps asked beyond it, so a
+    """The grid the report shows: the whole default grid (`DEFAULT_*`) and whatever the sweeps asked beyond it, so a
     cell no run reached reads `not run` instead of vanishing."""
     plan = results["protocol"].get("plan", {})
     records = results["records"]
@@ -62,15 +54,15 @@ def goals(
     planned_cells: int | None = None,
     speed: dict[str, Any] | None = None,
 ) -> list[str]:
-    """The issue's goals (item 4), each beside the measured number: reached, not reached, or not run.
+    """The recall goals, each beside the measured number: reached, not reached, or not run.
     `planned_cells`: cells per variant in the grid (default: those softmax has runs in); `speed`: the saved
     `recall_speed.json`, for the frontier."""
     ok = {key: cell for key, cell in cells.items() if cell["status"] == "ok"}
     lines = []
     at_goal = {label: ok.get((label, *GOAL_CELL)) for label in variants}
-    shown = ", ".join(f"{label} {_fmt(cell)}" for label, cell in at_goal.items() if cell)
+    shown = ", ".join(f"{label} {cell_text(cell)}" for label, cell in at_goal.items() if cell)
     lines.append(
-        "- Separate at least as well as the issue's goal cell (vocabulary 256, length 128, 16 pairs, width 64: "
+        "- Separate at least as well as the goal cell (vocabulary 256, length 128, 16 pairs, width 64: "
         f"softmax 0.998, linear 0.885, performer 0.019): measured here {shown or 'not run'}."
     )
     softmax = [cell["top1"] for (label, _, _), cell in ok.items() if label == "softmax"]
@@ -117,7 +109,7 @@ def _far_goal(far: list[tuple[str, dict[str, Any]]]) -> str:
 
 def _best(cells: list[tuple[str, dict[str, Any]]]) -> str:
     label, best = max(cells, key=lambda item: item[1]["top1"])
-    return f"{'reached' if best['top1'] >= 0.9 else 'not reached'}: {label} {_fmt(best)}"
+    return f"{'reached' if best['top1'] >= 0.9 else 'not reached'}: {label} {cell_text(best)}"
 
 
 def _state_is_bounded(label: str) -> bool:
@@ -192,7 +184,7 @@ def write_markdown(results: dict[str, Any], path: Path, speed: dict[str, Any] | 
         "",
         protocol,
         "",
-        "## Goals (issue 21, item 4) beside the measured numbers",
+        "## Goals beside the measured numbers",
         "",
         *goals(cells, plan["variants"], len(plan["lengths"]) * len(plan["widths"]), speed),
         "",
@@ -203,7 +195,7 @@ def write_markdown(results: dict[str, Any], path: Path, speed: dict[str, Any] | 
         lines.append("|---|---|" + "---|" * len(plan["lengths"]) + "---|")
         for label in plan["variants"]:
             variant = parse_variant(variant_spec(label))
-            row = [_fmt(cells.get((label, n, width))) for n in plan["lengths"]]
+            row = [cell_text(cells.get((label, n, width))) for n in plan["lengths"]]
             heads = proto["model"].get("num_heads") or 2
             state = state_size(variant, 512, width, heads)
             lines.append(
@@ -250,7 +242,7 @@ def _speed_table(cells: dict[tuple[str, int, int], dict[str, Any]], speed: dict[
     rates = throughputs(speed)
     for record in sorted(speed["records"], key=lambda r: -rates.get(r["label"], 0.0)):
         label = record["label"]
-        recall = _fmt(cells.get((label, *GOAL_CELL)))
+        recall = cell_text(cells.get((label, *GOAL_CELL)))
         if record["status"] != "ok":
             lines.append(f"| {label} | {recall} | {record['status']}: {record.get('message', '')[:80]} | - | - |")
             continue

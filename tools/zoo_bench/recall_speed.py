@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .measure import Settings, single_config
-from .recall import parse_variant, variant_spec
+from .recall_grid import parse_variant, variant_spec
 from .sweep import metadata, run_config
 
 __all__ = ["SPEED_FILE", "SPEED_LENGTH", "frontier", "frontier_points", "measure_speed", "throughputs"]

@@ -25,6 +25,7 @@ from zoo._validate import check_int
 from zoo.cli import add_overrides, run_cli
 from zoo.config import load_recipe, recipe_to_dict
 
+from ._study import read_saved, run_cells, write_json
 from .leaderboard import train_and_test
 from .machine import REPO_ROOT as ROOT
 from .machine import default_device, device_name, shown_path, versions
@@ -69,7 +70,7 @@ def sets(layout: dict[str, Any]) -> list[str]:
 
 def _save(results: dict[str, Any], out: Path) -> None:
     results["summary"] = summarize(results)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), results)
     out.write_text(report(results))
 
 
@@ -121,26 +122,30 @@ def run_comparison(
     if unknown:
         raise ValueError(f"unknown layout {unknown[0]!r}; the layouts: {', '.join(LAYOUTS)}")
     recipe = recipe_to_dict(load_recipe(RECIPE, list(sets)))
-    saved_path = out.with_suffix(".json")
-    saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+    saved = read_saved(out.with_suffix(".json"))
     proto = _protocol(recipe, budget_steps, seeds, layouts, sets)
     same = all(saved.get("protocol", {}).get(key) == proto[key] for key in ("budget_steps", "sets"))
     results = {"protocol": proto, "runs": saved.get("runs", []) if same else []}
+
+    def train(cell: tuple[int, str]) -> dict[str, Any]:
+        seed, layout = cell
+        spec = LAYOUTS[layout]
+        run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
+        record = train_and_test(
+            RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
+            options=spec["options"], timeout=timeout, extra=(*SWEEP_SETS, *spec.get("extra", ()), *sets),
+        )  # fmt: skip
+        record["baselines"] = _baselines(run_dir)
+        return record
+
+    def add(cell: tuple[int, str], record: dict[str, Any]) -> None:
+        seed, layout = cell
+        results["runs"].append({"layout": layout, **record})
+        log(f"{layout} seed {seed}: {record['status']} {record.get('test', record.get('message'))}")
+
     done = {(r["layout"], r["seed"]) for r in results["runs"]}
-    for seed in range(seeds):
-        for layout in layouts:
-            if (layout, seed) in done:
-                continue
-            spec = LAYOUTS[layout]
-            run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
-            record = train_and_test(
-                RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
-                options=spec["options"], timeout=timeout, extra=(*SWEEP_SETS, *spec.get("extra", ()), *sets),
-            )  # fmt: skip
-            record["baselines"] = _baselines(run_dir)
-            results["runs"].append({"layout": layout, **record})
-            log(f"{layout} seed {seed}: {record['status']} {record.get('test', record.get('message'))}")
-            _save(results, out)
+    cells = [(seed, layout) for seed in range(seeds) for layout in layouts if (layout, seed) not in done]
+    run_cells(cells, train, add, lambda: _save(results, out))
     _save(results, out)
     return results
 

@@ -1,7 +1,7 @@
 """What the fused linear-family kernels ask of a GPU, found without one: registers, spills, shared memory.
 
-`python -m zoo_bench.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...] [--level 0]` runs one
-forward and backward of the fused op (`zoo.attention._fused_linear`) on CPU tensors at the shape of the 1024-px
+`python -m dev.kernel_resources [--arch 90] [--maps performer ...] [--kernels ...] [--level 0]` runs one
+forward and backward of the fused op (`zoo.attention._kernels.fused_linear`) on CPU tensors at the shape of the 1024-px
 recipes (ViT-S/16: 4,097 tokens, 6 heads of 64, bf16), with each kernel launch recorded instead of run. Every
 recorded launch is then compiled by triton's own compiler for `sm_<arch>`, its arguments specialised by triton's
 own binder as a launch would (divisibility by 16, integers of 1), and ptxas reports the registers per thread, the
@@ -56,7 +56,7 @@ class Resources(NamedTuple):
     registers: int
     spilled: int  # bytes of spill stores per thread (ptxas)
     # bytes of local memory per thread (ptxas's stack frame): what the driver reports, and triton's `n_spills` (in
-    # `zoo_bench.kernel_profile`'s "spills" column) counts in 4-byte words
+    # `dev.kernel_profile`'s "spills" column) counts in 4-byte words
     stack: int
     shared: int  # bytes per block
 
@@ -87,20 +87,20 @@ def record(
     feature_name: str, features: int, shape: tuple[int, int, int, int] = (1, 4097, 6, 64), level: int = 0
 ) -> list[Launch]:
     """The launches of one forward and backward (the state recomputed in backward) at `shape` (b, n, h, d) and
-    shrink `level` (`_fused_linear._Plan`), one per distinct kernel and compile-time constants."""
-    from zoo.attention import _fused_linear as fused
+    shrink `level` (`_kernels.fused_linear.plan.Plan`), one per distinct kernel and compile-time constants."""
+    from zoo.attention._kernels.fused_linear import launch as fused
 
     feature = fused.Feature[feature_name]
     b, n, h, d = shape
-    q, k, v = fused._heads(torch.randn(b, n, 3, h, d, dtype=torch.bfloat16))
+    q, k, v = fused.heads(torch.randn(b, n, 3, h, d, dtype=torch.bfloat16))
     proj = {fused.Feature.FAVOR: torch.randn(1, d, features), fused.Feature.HEDGEHOG: torch.randn(h, d, features // 2)}
     proj = proj.get(feature)
     launches: list[Launch] = []
-    plan = fused._Plan(q, v, features, int(feature), 1e-4, level)
+    plan = fused.Plan(q, v, features, int(feature), 1e-4, level)
     with _recorded(fused, launches):
-        out, _, _, key_max = fused._forward_with(plan, q, k, v, None, proj, proj, int(feature))
+        out, _, _, key_max = fused.forward_with(plan, q, k, v, None, proj, proj, int(feature))
         grad = torch.randn_like(out)
-        fused._backward_with(plan, grad, q, k, v, None, proj, proj, out, None, None, key_max, int(feature))
+        fused.backward_with(plan, grad, q, k, v, None, proj, proj, out, None, None, key_max, int(feature))
     unique = {(launch.kernel, tuple(sorted(launch.kwargs.items()))): launch for launch in launches}
     return list(unique.values())
 
@@ -112,7 +112,7 @@ def compile_launch(launch: Launch, arch: int) -> Resources:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from zoo.attention import _fused_linear as fused
+    from zoo.attention._kernels.fused_linear import launch as fused
 
     kernel = getattr(fused, launch.kernel)
     if not isinstance(kernel, triton.runtime.JITFunction):
@@ -121,7 +121,8 @@ def compile_launch(launch: Launch, arch: int) -> Resources:
     backend = make_backend(target)
     # The launcher's own specialisation of these arguments (a pointer or an integer divisible by 16 compiles with
     # that divisibility, an integer 1 as a constant), by triton's own binder: without it ptxas saw unaligned loads
-    # and reported many times the spills, and up to 2.5x the shared memory, that an H200 ran the kernels with.
+    # and reported far more spills and shared memory than a GPU ran the kernels with
+    # (benchmarks/cpu/kernel_resources_sm90.md).
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(
@@ -164,7 +165,7 @@ def resources(name: str, arch: int = 90, kernels: tuple[str, ...] = KERNELS, lev
 
 
 def main(argv: list[str] | None = None) -> int:
-    from zoo.attention._fused_linear import _SHRINK_LEVELS
+    from zoo.attention._kernels.fused_linear.plan import SHRINK_LEVELS as _SHRINK_LEVELS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, choices=sorted(SHARED_LIMIT))

@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Time PyTorch's CPU flash-attention kernel alone on batches of equal query / key blocks, the calls the windowed
-variants are made of (`zoo/attention/_flash_parts.py`): forward and backward, full and causal, GFLOP/s. It shows the
-floor under `local`, `dilated`, `longformer`, `bigbird` and `banded_conv` on this machine, and whether a causal
-block is cheaper than a full one (with torch 2.14 it is only when the keys span more than one 512-key tile).
+variants are made of (`zoo/attention/_kernels/flash_parts.py`): forward and backward, full and causal, GFLOP/s.
+It shows the floor under `local`, `dilated`, `longformer`, `bigbird` and `banded_conv` on this machine, and
+whether a causal block is cheaper than a full one (with torch 2.14 it is only when the keys span more than one
+512-key tile).
 
-    tools/flash_kernel_tiles.py --length 16384 --threads 2 > benchmarks/cpu/flash_kernel.md
+    tools/dev/flash_kernel_tiles.py --length 16384 --threads 2 > benchmarks/cpu/flash_kernel.md
 """
 
 from __future__ import annotations

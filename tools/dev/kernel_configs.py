@@ -1,9 +1,9 @@
-"""Block sizes of the fused linear-family kernels (`zoo.attention._fused_linear`), timed on a GPU.
+"""Block sizes of the fused linear-family kernels (`zoo.attention._kernels.fused_linear`), timed on a GPU.
 
-`python -m zoo_bench.kernel_configs --out DIR` times forward + backward of one attention layer (projections
+`python -m dev.kernel_configs --out DIR` times forward + backward of one attention layer (projections
 included, bf16 autocast, the shapes the 1024-px recipes and the 64K sweep use) for every feature map under each
 `rows:warps[:dot[:chunk]]` configuration, with SDPA beside it, and writes `kernel_configs.json` / `.md` with the
-fastest configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them, for a lease script to
+fastest configuration per feature map, and the line `ZOO_FUSED_CONFIG=...` that selects them, for a script to
 export before the device check. Both are rewritten, and the line printed again, after each configuration, so that a
 sweep stopped at its time limit still chooses among those it timed (maps not reached keep the kernels' own block
 sizes).
@@ -22,9 +22,8 @@ from pathlib import Path
 import torch
 
 from zoo.attention import create_attention
-from zoo.attention._fused_linear import force_fused
-
-from .device_parts import sync
+from zoo.attention._kernels.fused_linear import force_fused
+from zoo_bench.device_parts import sync
 
 # name -> (variant, options, `Feature` name), in the order swept
 FEATURES = {
@@ -32,10 +31,10 @@ FEATURES = {
     "hedgehog": ("hedgehog", {"feature_dim": 64}, "hedgehog"),
     "linear": ("linear", {}, "elu"),
 }
-# rows:warps[:dot[:chunk]] (`_fused_linear._config_override`): `::64` holds 64 features at a time (hedgehog: its
+# rows:warps[:dot[:chunk]] (`fused_linear.plan.config_override`): `::64` holds 64 features at a time (hedgehog: its
 # halves), `::0` all at once (performer's 256, hedgehog's 2 x 64); linear's elu + 1 is always whole. An empty dot is
 # bf16 operands under bf16 autocast (the kernels' default since the H200 profile: each map's fastest), `tf32` the
-# earlier default. About 20 s a configuration on an H200, compiling included
+# earlier default. Each configuration compiles before it is timed (benchmarks/nvidia-h200/chunked/kernel_configs.md)
 CONFIGS = ("64:8::64", "32:8::0", "64:4::64", "32:4::64", "128:8::64", "64:8:tf32:64")
 # (batch, tokens, dim, heads): ViT-S/16 at 1024 px (4,097 tokens, batch 32), and one 64K sequence
 SHAPES = {"vit_s_1024": (32, 4097, 384, 6), "64k": (1, 65536, 512, 8)}

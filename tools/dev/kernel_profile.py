@@ -1,6 +1,6 @@
-"""Where a fused linear-family layer spends its GPU time, kernel by kernel (`zoo.attention._fused_linear`).
+"""Where a fused linear-family layer spends its GPU time, kernel by kernel (`zoo.attention._kernels.fused_linear`).
 
-`python -m zoo_bench.kernel_profile --out DIR` runs forward + backward of one attention layer (projections
+`python -m dev.kernel_profile --out DIR` runs forward + backward of one attention layer (projections
 included, bf16 autocast, ViT-S/16 at 1024 px: batch 32, 4,097 tokens, dim 384, 6 heads) under `torch.profiler` for
 each (variant, `ZOO_FUSED_CONFIG`) in `CASES`, SDPA's layer first, window2d's windowed layer last, and writes
 `kernel_profile.json` / `.md` after every case: each kernel's device ms per step and share of the step, with the
@@ -25,19 +25,20 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from zoo.attention import _fused_linear, create_attention, get_attention
+from zoo.attention import create_attention, get_attention
 from zoo.attention._grid import GridAttention
+from zoo.attention._kernels.fused_linear import kernels as fused_kernels
+from zoo_bench.device_parts import sync
+from zoo_bench.recall_grid import parse_variant
 
-from .device_parts import sync
 from .kernel_configs import FEATURES, layer_step, median_ms
-from .recall import parse_variant
 
 # (label, variant with options as `recall.parse_variant` reads them, ZOO_FUSED_CONFIG or "" for the kernels' own
 # block sizes): each fused map at its defaults, then the layouts that compile without spills on sm_90
-# (`zoo_bench.kernel_resources`, benchmarks/cpu/kernel_resources_sm90.md) and performer's 128-row tiles (whole
+# (`dev.kernel_resources`, benchmarks/cpu/kernel_resources_sm90.md) and performer's 128-row tiles (whole
 # features and tf32 products were timed on the H200 already: slower, benchmarks/nvidia-h200/chunked); window2d as
-# vit_window2d_global_1024's windowed blocks run it (FlexAttention, then the torch path), whose 8 windowed blocks
-# cost about 7 ms each where their FLOPs say 3
+# vit_window2d_global_1024's windowed blocks run it (FlexAttention, then the torch path), whose windowed blocks
+# cost more than their FLOPs say (benchmarks/nvidia-h200/chunked/kernel_profile.md)
 CASES = (
     ("sdpa", "softmax", ""),
     ("performer", "performer", ""),
@@ -50,8 +51,8 @@ CASES = (
     ("window2d", "window2d:window=16", ""),
     ("window2d", "window2d:window=16,backend=torch", ""),
 )
-# A layout replaces a map's default in `fastest_config` only when its wall time is this much shorter: the median of
-# 5 steps on an H200 moved by about 1 % between runs
+# A layout replaces a map's default in `fastest_config` only when its wall time is this much shorter: well above how
+# far the median of a few steps moves between runs of the same layout
 MARGIN = 0.03
 SHAPE = (32, 4097, 384, 6)  # batch, tokens (a class token and a 64 x 64 grid), dim, heads
 CPU_SHAPE = (2, 65, 64, 1)  # a class token and an 8 x 8 grid
@@ -73,8 +74,8 @@ def _compiled_resources() -> dict[str, dict]:
     """Each fused kernel's registers, spills and shared memory as compiled on this device (the last compiled
     variant of each), from the Triton JIT caches; {} where this Triton keeps them elsewhere."""
     resources = {}
-    for name in dir(_fused_linear):
-        kernel = getattr(_fused_linear, name)
+    for name in dir(fused_kernels):
+        kernel = getattr(fused_kernels, name)
         caches = getattr(kernel, "device_caches", None)
         if not name.endswith("_kernel") or not isinstance(caches, dict):
             continue
@@ -129,7 +130,7 @@ def markdown(results: dict) -> str:
         "# Fused kernels, kernel by kernel",
         "",
         f"One layer's forward + backward on {results['device']} ({results['name']}), bf16 autocast, batch {batch}, "
-        f"{n:,} tokens, dim {dim}, {heads} heads; ms per step. Written by `zoo_bench.kernel_profile`.",
+        f"{n:,} tokens, dim {dim}, {heads} heads; ms per step. Written by `dev.kernel_profile`.",
     ]
     for case in results["cases"]:
         lines += ["", f"## {case.get('variant', case['label'])} `{case['config'] or 'default'}`", ""]
@@ -176,7 +177,8 @@ def run(device: str, out: Path, steps: int, labels: tuple[str, ...] = ()) -> dic
         started = time.perf_counter()
         case = {"label": label, "variant": variant, "config": config, **profile_case(variant, config, device, steps)}
         results["cases"].append(case)
-        # what tools/device_lease.sh exports for the check that follows, kept up to date in a profile cut short
+        # what `tools/device_check.py --fused-config-from` reads for the check that follows, kept up to date in a
+        # profile cut short
         results["fastest_config"] = fastest_config(results["cases"])
         (out / "kernel_profile.json").write_text(json.dumps(results, indent=1))
         (out / "kernel_profile.md").write_text(markdown(results))
