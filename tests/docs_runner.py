@@ -1,7 +1,8 @@
 """The process that runs the code blocks of README.md and docs/*.md for tests/test_docs.py.
 
-It imports torch, timm, zoo and the tools' modules once (about 5 s of CPU), then forks a child for every Python block
-and every `tools/*.py` command, so each runs in a fresh process of its own without paying for those imports again.
+It imports torch, timm, zoo and the tools' modules once (the costly part of a start), then forks a child for
+every Python block and every `tools/*.py` command, so each runs in a fresh process of its own without paying for
+those imports again.
 No tensor is computed here before a fork: a child of a process whose OpenMP threads have run hangs at its first
 parallel operation. Network access is refused in every child, as in the tests' `no_network` fixture.
 
