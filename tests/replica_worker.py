@@ -115,7 +115,7 @@ def train_and_compare(recipe: Recipe, run_dir: Path) -> dict:
     trainer = Trainer(recipe, run_dir)
     # one epoch's steps, as fit() trains them, without its evaluation and checkpoints (the Trainer's own check of
     # the replicas after the first step runs inside)
-    trainer._train_epoch()
+    trainer.train_epoch()
     model = trainer.accelerator.unwrap_model(trainer.model)
     buffers = {name for name, _ in model.named_buffers()}
     mine = digests(model)

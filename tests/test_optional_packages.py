@@ -48,7 +48,7 @@ cli = {"status": status, "stderr": stderr.getvalue()}
 
 import zoo
 from zoo.data import list_datasets
-from zoo.train.loop import build_split
+from zoo.splits import build_split
 from zoo.config import load_recipe
 
 blocked = {}

@@ -21,8 +21,9 @@ from pathlib import Path
 from zoo.cli import add_overrides, log_to, run_cli
 from zoo.config import load_recipe
 from zoo.evaluate import evaluation_lines, save_evaluation
+from zoo.hub.checkpoints import find_checkpoint
 from zoo.train.distributed import end_processes
-from zoo.train.loop import Trainer, find_checkpoint
+from zoo.train.stages import train
 
 
 def parse_args() -> argparse.Namespace:
@@ -69,7 +70,7 @@ def main() -> None:
                 "or --output DIR"
             )
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    Trainer(recipe, run_dir, resume=resume or False).fit()
+    train(recipe, run_dir, resume=resume or False)
     if args.test:
         print("\n".join(evaluation_lines(*save_evaluation(run_dir, split="test"))))
     # a launcher's process exits here, with status 0

@@ -21,11 +21,12 @@ from torch.utils.data import Dataset
 
 from .config import Recipe
 from .data._interface import split_attribute
-from .data._sizes import ModelSizes
-from .hub._run_weights import load_checked, resolve_run
+from .hub._run_weights import resolve_run
 from .hub.runs import RECIPE_FILE
-from .kinds import build_model, get_model_kind
-from .train.loop import build_loader, build_split, evaluate_loader, resolve_mixed_precision
+from .kinds import get_model_kind
+from .splits import build_loader, build_split
+from .train.eval_loop import evaluate_loader
+from .train.parts import resolve_mixed_precision
 
 __all__ = [
     "CONFUSION_MAX_CLASSES",
@@ -52,7 +53,7 @@ _TICK_PT = 8.0  # a tick and its pad
 _AXIS_LABEL_PT = 24.0  # "true" / "predicted" and their pad
 _COLORBAR_PT = 60.0  # the colour bar and its numbers, drawn when no count fits a cell
 # up to this many classes a zero count is written; beyond, its cell is left empty (the many zeros of a large
-# matrix hide its few errors, and ten thousand labels take half a minute to draw)
+# matrix hide its few errors, and drawing ten thousand labels is slow)
 _ZEROS_UP_TO = 20
 CONFUSION_DPI = 100
 # ImageNet-1k's classes and fewer: the implicit confusion matrix's limit (`_implicit_metrics`)
@@ -295,10 +296,8 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
         raise FileNotFoundError(f"{recipe_path} does not exist: is {run_dir} a run directory of tools/train.py?")
     # the run's recipe.yaml (which the user may point at other data), checked against the checkpoint
     run = resolve_run(run_dir, checkpoint, files_from="run")
-    recipe, weights = run.recipe, run.weights
-    sizes = ModelSizes.from_json(run.description["sizes"])
-    model = build_model(recipe, sizes)
-    load_checked(model, weights)
+    recipe, weights, sizes = run.recipe, run.weights, run.sizes
+    model = run.build_model()
     dataset = build_split(recipe, split)
     kind = get_model_kind(recipe.model.kind)
     task = kind.task(recipe)
@@ -331,8 +330,8 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
 
 def _implicit_metrics(names: Sequence[str], num_classes: int) -> list[str]:
     """The task's evaluation extras at `num_classes`: the confusion matrix only up to `CONFUSION_MAX_CLASSES`.
-    Beyond, its k x k counts outgrow the split (a recall probe's 32,768-token vocabulary: 8 GB of int64, a
-    billion-entry eval.json) and no plot shows them; a recipe that lists `confusion` in `metrics` still gets it."""
+    Beyond, its k x k counts outgrow the split (a recall probe's 32,768-token vocabulary: a billion int64 counts,
+    in memory and in eval.json) and no plot shows them; a recipe that lists `confusion` in `metrics` still gets it."""
     if num_classes <= CONFUSION_MAX_CLASSES or "confusion" not in names:
         return list(names)
     _logger.info("no confusion matrix: %d classes, above the %d it is kept for", num_classes, CONFUSION_MAX_CLASSES)

@@ -16,7 +16,7 @@ from zoo.config import recipe_from_dict
 from zoo.convert.model import Distillation, attention_mse, attention_parameters, swap_attention
 from zoo.convert.run import finetune, transfer_attention
 from zoo.kinds import get_model_kind
-from zoo.train.loop import build_loader, build_split
+from zoo.splits import build_loader, build_split
 
 CLASSES = 3
 # the students of the stage tests: MegaMNIST's 10 digits on one channel, at the recipe's 64 px
@@ -126,7 +126,7 @@ def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window,
     start = {k: v.clone() for k, v in student.state_dict().items()}
     report = transfer_attention(teacher, student, RECIPE, steps=40, lr=1e-2, run_dir=tmp_path)
     after = attention_mse(teacher, student, batches)
-    # measured: about 0.5x per block after 40 steps
+    # every block's error falls well below where it started
     assert all(a < 0.7 * b for a, b in zip(after, before, strict=True)), (before, after)
     assert not report.skipped and report.steps == 40 and len(report.losses) == 40
     assert report.losses[-1] < report.losses[0]

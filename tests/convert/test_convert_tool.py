@@ -1,5 +1,5 @@
 """tools/convert.py end to end: a locally made timm checkpoint (a random timm ViT saved with safetensors) converted
-to hedgehog at 4x the tokens on MegaMNIST, and the result read by tools/eval.py, zoo.predict and zoo.load_model;
+to hedgehog at four times the tokens on MegaMNIST, and the result read by tools/eval.py, zoo.predict and zoo.load_model;
 a run directory as the teacher; two processes under torchrun (the `convert` run of the suite's one torchrun launch,
 tests/distributed_worker.py); one-line errors. Tiny sizes (depth 2, width 32, 32 -> 64 px)."""
 

@@ -10,7 +10,7 @@ from timm.data.auto_augment import RandAugment
 from timm.data.random_erasing import RandomErasing
 
 from zoo.config import RecipeError, recipe_from_dict
-from zoo.train.loop import build_split
+from zoo.splits import build_split
 
 AUGMENT = {"auto_augment": "rand-m9-mstd0.5", "re_prob": 0.5, "scale": [0.9, 1.0], "hflip": 0.0}
 

@@ -40,8 +40,9 @@ from zoo.data import DataContext, build_dataset
 from zoo.data._registry import DEFAULT_NUM_SAMPLES
 from zoo.data.images.decode import open_image
 from zoo.predict import predict
+from zoo.splits import build_split
 from zoo.train._schedule import build_scheduler
-from zoo.train.loop import Trainer, build_split
+from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("no_network")

@@ -12,7 +12,9 @@ from torch.utils.data import Dataset
 
 from zoo.config import RecipeError, recipe_from_dict
 from zoo.data import DataContext, _registry, build_dataset, get_dataset, list_datasets, register_dataset
-from zoo.train.loop import Trainer, build_split, model_for
+from zoo.splits import build_split
+from zoo.train.loop import Trainer
+from zoo.train.parts import model_for
 
 
 class _Tokens(Dataset):

@@ -242,17 +242,23 @@ def test_skip_nonfinite_skips_up_to_k_batches(tmp_path, monkeypatch):
 
 def test_grad_accumulation_checks_the_loss_once_per_step_and_skips_a_bad_step(tmp_path, monkeypatch):
     # 6 batches an epoch, 2 per step: a NaN in batch 3 spoils step 2's gradients, read once that step is in
-    checks = []
-    original = Trainer._step_is_finite
+    batches, checks = [], []
+    train_batch, read = Trainer.train_batch, zoo.train.loop.nonfinite_batches
 
-    def counted(self):
-        checks.append(self.state.batch_in_epoch + 1)
-        return original(self)
+    def counted_batch(self, batch):
+        batches.append(batch)
+        return train_batch(self, batch)
 
-    monkeypatch.setattr(Trainer, "_step_is_finite", counted)
+    def counted_read(accelerator, seen):
+        checks.append(len(batches))
+        return read(accelerator, seen)
+
+    monkeypatch.setattr(Trainer, "train_batch", counted_batch)
+    monkeypatch.setattr(zoo.train.loop, "nonfinite_batches", counted_read)
     _nan_on_calls(monkeypatch, {3})
     trainer = fit(write_recipe(tmp_path, grad_accum_steps=2, skip_nonfinite=1), tmp_path / "run")
-    assert checks == [2, 4, 6, 2, 4, 6]
+    # read at the last batch of each step only: the run's 2nd, 4th, ... of its 12 batches (2 epochs of 6)
+    assert checks == [2, 4, 6, 8, 10, 12]
     assert trainer.state.skipped_batches == 1 and trainer.state.step == 6
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     _nan_on_calls(monkeypatch, {3})
@@ -328,7 +334,8 @@ def _last_step(run_dir: Path) -> int:
 def test_ten_kills_at_random_points_resume_to_the_uninterrupted_weights(tmp_path):
     recipe = write_recipe(tmp_path, epochs=8)
     # forkserver: a worker that ran autograd's threads before cannot fork a child that trains, while a fresh server
-    # that only imported zoo can; its children start with the imports done (12 of them: ~6 s each when spawned)
+    # that only imported zoo can; its children start with the imports done (12 of them, each a fresh interpreter
+    # when spawned)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["zoo.train.loop", "zoo.evaluate", "accelerate"])
     straight = context.Process(target=_train_in_child, args=(recipe, tmp_path / "straight"))

@@ -15,11 +15,12 @@ from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 
 import zoo
+from zoo import splits
 from zoo.config import load_recipe
 from zoo.hub.checkpoints import CheckpointError
 from zoo.kinds import build_model, get_model_kind, sizes_of
-from zoo.train import loop as engine
-from zoo.train.loop import Trainer, build_split
+from zoo.splits import build_split
+from zoo.train.loop import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("no_network")
@@ -84,8 +85,8 @@ def test_load_model_reads_a_run_without_its_training_data(vit_run, monkeypatch):
     def no_data(*args, **kwargs):
         raise AssertionError("the training data was read")
 
-    monkeypatch.setattr(engine, "build_split", no_data)
-    monkeypatch.setattr(engine, "build_dataset", no_data)
+    monkeypatch.setattr(splits, "build_split", no_data)
+    monkeypatch.setattr(splits, "build_dataset", no_data)
     model = zoo.load_model(vit_run)
     assert not model.training
     torch.testing.assert_close(model(images()), expected, rtol=0, atol=0)
@@ -198,7 +199,7 @@ def test_a_sequence_run_loads_with_its_sizes_and_inputs(tmp_path, monkeypatch):
     assert description["inputs"]["tokenizer"] == {"k": 1, "overlapping": True, "add_cls": False}
     tokens = torch.randint(3, 7, (2, 60))
     expected = reference(run_dir)(tokens, None)
-    monkeypatch.setattr(engine, "build_split", None)
+    monkeypatch.setattr(splits, "build_split", None)
     model = zoo.load_model(run_dir)
     torch.testing.assert_close(model(tokens, None), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="construction overrides rebuild ViT models"):
@@ -249,7 +250,7 @@ def test_evaluating_a_run_reads_only_the_evaluated_split(vit_run, monkeypatch):
 
     def only_recorded(recipe, split):
         read.append(split)
-        return engine.build_split(recipe, split)
+        return build_split(recipe, split)
 
     monkeypatch.setattr(evaluation, "build_split", only_recorded)
     result = evaluation.evaluate(vit_run, split="val")

@@ -329,7 +329,7 @@ def test_save_pretrained_checks_its_arguments(tmp_path):
 
 # One fresh interpreter (the hub client reads its environment at import) where the hub's host never resolves
 # (.invalid), the cache is empty, and the client is told so through its own switch, HF_HUB_OFFLINE (without it the
-# client retries for about 50 s, printing "Retrying in ..."). Each call prints one line, "<what>: <error>", or
+# client retries for a long while, printing "Retrying in ..."). Each call prints one line, "<what>: <error>", or
 # "<what>: loaded"; last, with a timm checkpoint put into the cache in the hub's layout, a pretrained model loads.
 OFFLINE_CHILD = """
 import os, shutil, sys, torch, zoo

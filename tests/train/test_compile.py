@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
 import zoo
-import zoo.train.loop
+import zoo.train.parts
 from zoo._schema import RecipeError
 from zoo.cli import run_cli
 from zoo.config import load_recipe, recipe_from_dict
@@ -52,14 +52,14 @@ def train(tree: dict, run_dir, *, resume: bool = False) -> tuple[Trainer, list[f
     """A Trainer fitted on recipe `tree`, and the loss of every batch it trained on."""
     reset_accelerate()
     trainer = Trainer(recipe_from_dict(tree), run_dir, resume=resume)
-    losses, step = [], trainer._train_batch
+    losses, step = [], trainer.train_batch
 
     def recorded(batch):
         loss = step(batch)
         losses.append(loss.item())
         return loss
 
-    trainer._train_batch = recorded
+    trainer.train_batch = recorded
     trainer.fit()
     return trainer, losses
 
@@ -81,12 +81,12 @@ def assert_same_state(actual, expected, **tolerance) -> None:
 @pytest.mark.usefixtures("fresh_dynamo")
 def test_compiled_training_matches_eager_and_checkpoints_load_eagerly(tmp_path, caplog, monkeypatch):
     # `helpers.compile_backend`: AOTAutograd's graphs run without code generation, or inductor under
-    # ZOO_TEST_INDUCTOR=1 (on an H200: 1.6e-5 apart at most). Performer's features are redrawn after steps 2 and 4,
+    # ZOO_TEST_INDUCTOR=1 (within the tolerances below). Performer's features are redrawn after steps 2 and 4,
     # into the buffer the compiled graph reads; blocks are checkpointed. SGD, whose update is linear in the
     # gradient: Adam's first steps move a weight by about the learning rate whatever its gradient's size, so a
     # gradient near 0 that rounds to the other sign moves it the other way.
     if compile_backend() != "inductor":
-        monkeypatch.setattr(zoo.train.loop, "dynamo_plugin", _aot_traced)
+        monkeypatch.setattr(zoo.train.parts, "dynamo_plugin", _aot_traced)
     tree = tiny("performer", compile=True, steps=4, grad_checkpointing=True)
     tree["optim"] = {"name": "sgd", "lr": 0.05}
     eager, eager_losses = train({**tree, "train": {**tree["train"], "compile": False}}, tmp_path / "eager")
@@ -100,7 +100,7 @@ def test_compiled_training_matches_eager_and_checkpoints_load_eagerly(tmp_path, 
     torch.testing.assert_close(torch.tensor(compiled_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-5)
     by_eager, by_compiled = weights(tmp_path / "eager"), weights(tmp_path / "compiled")
     # the keys of an eager run (no `_orig_mod.` prefix); the values as close as float32 sums taken in another order
-    # allow (inductor's fused kernels: 1.6e-5 apart at most on an H200, 6e-8 on a CPU)
+    # allow (inductor's fused kernels reduce in their own order, on a GPU most)
     assert_same_state(by_compiled, by_eager, rtol=1e-3, atol=1e-4)
     # the redraws reached the modules through the compiled wrapper
     assert int(by_compiled["blocks.0.attn.step"]) == 4
@@ -121,7 +121,7 @@ def test_compiled_training_matches_eager_and_checkpoints_load_eagerly(tmp_path, 
 def test_a_compiled_run_evaluates_and_resumes_from_its_checkpoints(tmp_path, monkeypatch):
     # dynamo's eager backend: the model is wrapped and traced as under inductor, without generating code; the
     # validation split is evaluated through the compiled model and picks checkpoints/best
-    monkeypatch.setattr(zoo.train.loop, "dynamo_plugin", _traced_only)
+    monkeypatch.setattr(zoo.train.parts, "dynamo_plugin", _traced_only)
     tree = tiny("performer", compile=True, steps=2, validate=True)
     trainer, _ = train(tree, tmp_path / "run")
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
@@ -137,7 +137,7 @@ def test_a_compiled_run_evaluates_and_resumes_from_its_checkpoints(tmp_path, mon
     with torch.no_grad():
         for p in resumed.model.parameters():
             p.zero_()
-    resumed._restore()
+    resumed.restore()
     assert resumed.state.step == 2
     assert_same_state(resumed.model.state_dict(), saved, rtol=0, atol=0)
 
@@ -167,7 +167,7 @@ def _traced_only(mode):
 def test_the_compiled_step_has_no_graph_break_and_no_recompile(tmp_path, monkeypatch, attention, checkpointed):
     # what dynamo captures does not depend on the backend: the eager one skips code generation (seconds, not a
     # minute). Three steps: Performer redraws its features after the second, which must not recompile.
-    monkeypatch.setattr(zoo.train.loop, "dynamo_plugin", _traced_only)
+    monkeypatch.setattr(zoo.train.parts, "dynamo_plugin", _traced_only)
     train(tiny(attention, compile=True, steps=3, grad_checkpointing=checkpointed), tmp_path / "run")
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1

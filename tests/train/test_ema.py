@@ -107,6 +107,6 @@ def test_raw_evaluation_and_resume_continue_the_average(tmp_path, monkeypatch, r
     average = {k: v.detach().clone() for k, v in trainer.ema.module.named_parameters()}
     reset_accelerate()
     resumed = Trainer(recipe, tmp_path / "run", resume=True)
-    resumed._restore()
+    resumed.restore()
     for key, value in resumed.ema.module.named_parameters():
         torch.testing.assert_close(value, average[key])

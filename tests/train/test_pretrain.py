@@ -1,6 +1,6 @@
-"""Self-pretraining (zoo/train/self_pretrain.py, train.pretrain): what each objective scores and sees, that the
-fine-tuning starts from the pretrained weights, resume around pretraining, that pretraining is a Trainer run (the
-recipe's schedule, non-finite handling), and the recipe's one-line errors."""
+"""Self-pretraining (zoo/train/self_pretrain.py, train.pretrain, run by zoo/train/stages.py): what each objective
+scores and sees, that the fine-tuning starts from the pretrained weights, resume around pretraining, that pretraining
+is a Trainer run (the recipe's schedule, non-finite handling), and the recipe's one-line errors."""
 
 import json
 
@@ -10,7 +10,7 @@ from helpers import reset_accelerate, tiny_sequence_model
 
 from zoo.config import RecipeError, recipe_from_dict
 from zoo.models import create_sequence_model
-from zoo.train import loop as engine
+from zoo.train import stages
 from zoo.train.loop import Trainer
 from zoo.train.self_pretrain import PretrainObjective, TokenPredictor, causal_lm_loss, draw_mask, masked_lm_loss
 
@@ -114,8 +114,9 @@ def tiny_recipe(**pretrain) -> dict:
 
 
 def trainer(recipe: dict, run_dir, resume: bool = False) -> Trainer:
+    """The recipe's Trainer as tools/train.py builds it (`zoo.train.stages`): pretrained first where it asks."""
     reset_accelerate()
-    return Trainer(recipe_from_dict(recipe), run_dir, resume=resume)
+    return stages.build_trainer(recipe_from_dict(recipe), run_dir, resume=resume)
 
 
 def weights(model) -> dict:
@@ -123,7 +124,7 @@ def weights(model) -> dict:
 
 
 def spy_pretrain(monkeypatch) -> list[dict]:
-    """Record the model's weights each time the engine's pretraining returns."""
+    """Record the model's weights each time the stages' pretraining returns."""
     snapshots = []
 
     def spy(recipe, model, *args, **kwargs):
@@ -131,8 +132,8 @@ def spy_pretrain(monkeypatch) -> list[dict]:
         snapshots.append(weights(model))
         return records
 
-    real = engine.pretrain
-    monkeypatch.setattr(engine, "pretrain", spy)
+    real = stages.pretrain
+    monkeypatch.setattr(stages, "pretrain", spy)
     return snapshots
 
 
@@ -140,14 +141,14 @@ def spy_first_batch(monkeypatch) -> list[dict]:
     """Record the weights that the first fine-tuning batch sees (pretraining is a Trainer run too: its batches are
     not the fine-tuning's)."""
     seen = []
-    real = Trainer._train_batch
+    real = Trainer.train_batch
 
     def spy(self, batch):
         if not seen and not isinstance(self.objective, PretrainObjective):
             seen.append(weights(self.accelerator.unwrap_model(self.model)))
         return real(self, batch)
 
-    monkeypatch.setattr(Trainer, "_train_batch", spy)
+    monkeypatch.setattr(Trainer, "train_batch", spy)
     return seen
 
 
@@ -181,12 +182,12 @@ def stop(*args, **kwargs):
 def test_resume_after_pretraining_does_not_pretrain_again(tmp_path, monkeypatch):
     pretrained = spy_pretrain(monkeypatch)
     # a crash at the first fine-tuning batch, after the checkpoint of the pretrained weights
-    real = Trainer._train_batch
+    real = Trainer.train_batch
 
     def stop_fine_tuning(self, batch):
         return real(self, batch) if isinstance(self.objective, PretrainObjective) else stop()
 
-    monkeypatch.setattr(Trainer, "_train_batch", stop_fine_tuning)
+    monkeypatch.setattr(Trainer, "train_batch", stop_fine_tuning)
     with pytest.raises(Stop):
         trainer(tiny_recipe(steps=2), tmp_path / "run").fit()
     assert len(pretrained) == 1
@@ -200,7 +201,7 @@ def test_resume_after_pretraining_does_not_pretrain_again(tmp_path, monkeypatch)
 
 
 def test_resume_during_pretraining_finds_no_checkpoint_and_a_fresh_start_pretrains(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine, "pretrain", stop)
+    monkeypatch.setattr(stages, "pretrain", stop)
     with pytest.raises(Stop):
         trainer(tiny_recipe(steps=2), tmp_path / "run")
     monkeypatch.undo()
@@ -278,3 +279,12 @@ def test_pretraining_is_a_trainer_run_with_the_recipe_s_schedule_and_non_finite_
     state = json.loads((folder / "checkpoints" / "last" / "meta.json").read_text())
     assert state["skipped_batches"] == 1 and state["step"] == 4
     assert all(torch.isfinite(v).all() for v in run.plain_model.state_dict().values())
+
+
+def test_the_trainer_never_pretrains_by_itself(tmp_path, monkeypatch):
+    # pretraining is a stage before the Trainer (zoo.train.stages): constructing one trains nothing
+    monkeypatch.setattr(stages, "pretrain", stop)
+    reset_accelerate()
+    with pytest.raises(ValueError, match="asks for train.pretrain, which runs before the Trainer"):
+        Trainer(recipe_from_dict(tiny_recipe(steps=2)), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

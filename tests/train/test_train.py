@@ -86,7 +86,7 @@ def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch, 
     recipe = recipe_file(tmp_path, train={"checkpoint_every_steps": 4})
     fit(recipe, tmp_path / "straight")
 
-    original = Trainer._train_batch
+    original = Trainer.train_batch
     calls = {"n": 0}
 
     def crash_after_five_batches(self, batch):
@@ -95,12 +95,12 @@ def test_resume_after_a_crash_ends_with_the_same_weights(tmp_path, monkeypatch, 
             raise KeyboardInterrupt
         return original(self, batch)
 
-    monkeypatch.setattr(Trainer, "_train_batch", crash_after_five_batches)
+    monkeypatch.setattr(Trainer, "train_batch", crash_after_five_batches)
     with pytest.raises(KeyboardInterrupt):
         fit(recipe, tmp_path / "crashed")
     meta = json.loads((tmp_path / "crashed" / "checkpoints" / "last" / "meta.json").read_text())
     assert meta["step"] == 4 and meta["batch_in_epoch"] == 4
-    monkeypatch.setattr(Trainer, "_train_batch", original)
+    monkeypatch.setattr(Trainer, "train_batch", original)
     resumed = fit(recipe, tmp_path / "crashed", resume=True)
     assert resumed.state.step == 12
 
@@ -123,7 +123,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_in_place(tmp_path, monkeyp
 
     monkeypatch.setattr(trainer.accelerator, "save_state", broken_save_state)
     with pytest.raises(OSError):
-        trainer._save("last")
+        trainer.save("last")
     after = load_file(str(run_dir / "checkpoints" / "last" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
 

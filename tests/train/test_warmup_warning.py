@@ -1,5 +1,4 @@
-"""A warm-up at or beyond the run's steps never reaches the peak learning rate: a warning says so, with the fix
-(issue 34 item 5)."""
+"""A warm-up at or beyond the run's steps never reaches the peak learning rate: a warning says so, with the fix."""
 
 import logging
 

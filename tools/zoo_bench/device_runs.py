@@ -173,10 +173,10 @@ def stand_in(recipe: Any, split: str) -> StandIn | None:
 @contextlib.contextmanager
 def stand_in_data(notes: list[str]) -> Iterator[None]:
     """While a `Trainer` is built: a split that cannot be built becomes its `StandIn` where the set has one (the
-    Trainer's own `build_split` is swapped for the while), and `notes` gets why."""
-    from zoo.train import loop
+    `build_split` that builds a Trainer's parts, `zoo.train.parts`, is swapped for the while), and `notes` gets why."""
+    from zoo.train import parts
 
-    build_split = loop.build_split
+    build_split = parts.build_split
 
     def build(recipe: Any, split: str) -> Dataset:
         try:
@@ -188,7 +188,7 @@ def stand_in_data(notes: list[str]) -> Iterator[None]:
             notes.append(f"{split}: random tokens of the set's shape and vocabulary ({failure(error)['message']})")
             return fake
 
-    with mock.patch.object(loop, "build_split", build):
+    with mock.patch.object(parts, "build_split", build):
         yield
 
 
@@ -222,8 +222,8 @@ def _tokens(trainer: Any, batch: dict[str, torch.Tensor]) -> int:
     return int(inputs.shape[1])
 
 
-# A run whose warm steps are slow times as many steps as fit in this many seconds, at least MIN_TIMED_STEPS: on an
-# H200 reformer's 3.5 s steps took 25 s of the train part's 160 for 7 steps, and the part ran out before 6 recipes
+# A run whose warm steps are slow times as many steps as fit in this many seconds, at least MIN_TIMED_STEPS: a fixed
+# step count lets one slow recipe spend the train part's budget before the recipes after it are reached
 TIMED_SECONDS = 2.0
 MIN_TIMED_STEPS = 2
 
@@ -266,7 +266,7 @@ def train_record(
         first = []
         for _ in range(warmup):
             start = time.perf_counter()
-            trainer._train_batch(batch)
+            trainer.train_batch(batch)
             sync(device)
             first.append(time.perf_counter() - start)
         timed = timed_steps(timed, first[1:])
@@ -274,7 +274,7 @@ def train_record(
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         for _ in range(timed):
-            loss = trainer._train_batch(batch)
+            loss = trainer.train_batch(batch)
         sync(device)
         seconds = time.perf_counter() - start
         tokens = _tokens(trainer, batch)

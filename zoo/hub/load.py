@@ -8,7 +8,7 @@
 weights back, and the folder can go to the hub (`push_to_hub`, `load_model("hf-hub:owner/name")`). `load_model`
 also reads a run of tools/train.py (`runs/NAME`, a checkpoint folder in it, or its `model.safetensors`): the model
 is rebuilt from the run's `recipe.yaml` and `model.json` (`zoo.hub.runs`) without its training data, with the weights
-that `zoo.hub._run_weights.resolve_run` verified (the one route from a run or checkpoint to weights). Reading and
+that `zoo.hub._run_weights.open_run` verified (the one route from a run or checkpoint to weights). Reading and
 checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `zoo._weights`.
 """
 
@@ -31,9 +31,8 @@ from torch import nn
 
 from .._validate import first_line, unknown_name
 from .._weights import WEIGHTS_NAME, WeightsError, check_state_dict, read_weights
-from ..data._sizes import ModelSizes
 from ..models.vit import per_channel
-from ._run_weights import CHECKPOINTS, RunWeights, find_run, load_checked, resolve_run
+from ._run_weights import CHECKPOINTS, RunWeights, find_run, open_run
 from .runs import MODEL_FILE, RECIPE_FILE
 
 __all__ = [
@@ -210,12 +209,11 @@ def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any
         config = _read_config(config_path)
     else:
         found = _local_source(Path(source).expanduser(), checkpoint)
-        if found is None:
-            run = resolve_run(Path(source).expanduser(), checkpoint)
-            model = _load_run(run)
+        if isinstance(found, RunWeights):
+            model = _load_run(found)
             if not overrides:
                 return model
-            config_path, weights, config = run.home / MODEL_FILE, run.weights, _run_config(model, run)
+            config_path, weights, config = found.home / MODEL_FILE, found.weights, _run_config(model, found)
         else:
             config_path, weights = found
             config = _read_config(config_path)
@@ -251,10 +249,11 @@ def is_model_source(path: Path) -> bool:
     return (path.parent / CONFIG_NAME).is_file() or find_run(path) is not None
 
 
-def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | None:
-    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files; None for a part of
-    a run of tools/train.py (a run directory, one of its checkpoint folders, or the weights in one), which
-    `zoo.hub._run_weights.resolve_run` reads. The one place that decides what a path is."""
+def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | RunWeights:
+    """(config.json, weights) of a save_pretrained folder, given the folder or one of its files; for a part of a run
+    of tools/train.py (a run directory, one of its checkpoint folders, or the weights in one) the run's verified
+    weights and what rebuilds their model (`zoo.hub._run_weights.open_run`, one pass over the run). The one place
+    that decides what a path is."""
     folder = path if path.is_dir() else path.parent
     if path.is_file() and path.name not in (CONFIG_NAME, WEIGHTS_NAME) and path.suffix != ".safetensors":
         raise ValueError(
@@ -270,8 +269,9 @@ def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | N
         raise FileNotFoundError(f"{path} does not exist")
     if path.is_dir() and (path / RECIPE_FILE).is_file() and checkpoint not in CHECKPOINTS:
         raise unknown_name("checkpoint", checkpoint, CHECKPOINTS)
-    if find_run(path, checkpoint) is not None:
-        return None
+    run = open_run(path, checkpoint)
+    if run is not None:
+        return run
     raise ValueError(
         f"{path}: no config.json and no recipe.yaml; load_model reads a folder written by zoo.save_pretrained "
         f"(config.json + model.safetensors) or a run directory of tools/train.py"
@@ -282,11 +282,8 @@ def _local_source(path: Path, checkpoint: str = "best") -> tuple[Path, Path] | N
 
 def _load_run(run: RunWeights) -> nn.Module:
     """The run's model built by its model kind from the recipe and model.json, with the checkpoint's weights
-    (verified by `resolve_run`), its description attached."""
-    from ..kinds import build_model
-
-    model = build_model(run.recipe, ModelSizes.from_json(run.description["sizes"]))
-    load_checked(model, run.weights)
+    (verified by `open_run`), its description attached."""
+    model = run.build_model()
     description = run.description
     model.zoo_run = description
     if description.get("pretrained_cfg") is not None:

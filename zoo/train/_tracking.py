@@ -63,7 +63,7 @@ def progress_bar(*, total: int, initial: int, enabled: bool, desc: str) -> tqdm:
         disable=not enabled,
         desc=desc,
         dynamic_ncols=True,
-        # redirected to a log (CI, a cluster job), a line per 30 s instead of a carriage return per step
+        # redirected to a log (CI, a cluster job), a line every half minute instead of a carriage return per step
         mininterval=0.1 if sys.stderr.isatty() else 30.0,
     )
 

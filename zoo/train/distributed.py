@@ -58,6 +58,7 @@ __all__ = [
     "build_accelerator",
     "is_sharded",
     "local_shard",
+    "raise_if_diverged",
     "replica_mismatches",
     "save_checkpoint",
     "shard_units",
@@ -275,3 +276,14 @@ def replica_mismatches(model: nn.Module) -> tuple[list[str], list[str]]:
     every = gather_object([digests])
     differ = [name for name in digests if len({process[name] for process in every}) > 1]
     return [_checksum(process) for process in every], differ
+
+
+def raise_if_diverged(checksums: list[str], differ: list[str], step: int) -> None:
+    """A RuntimeError naming the state entries (`zoo.train.distributed.replica_mismatches`) that differ between the
+    processes at `step`: a bug in zoo, never a user's mistake."""
+    if differ:
+        more = ", ..." if len(differ) > 5 else ""
+        raise RuntimeError(
+            f"replicas diverged at step {step}: {len(differ)} state entries differ between the processes "
+            f"({', '.join(differ[:5])}{more}); checksums {checksums}"
+        )

@@ -16,11 +16,17 @@ every `train.log_every_steps`, the loss, learning rate and samples/s; samples/s 
 first, which compiles and warms up). A checkpoint is written to a temporary directory and renamed into place, so a
 crash never leaves a partial checkpoint where a good one was.
 
-The evaluation loop is `zoo.train.eval_loop` (`evaluate_loader`, re-exported here), what a run reports (tracker,
-progress bar, `metrics.jsonl`) `zoo.train._tracking`, `train.compile` (torch.compile through accelerate, checkpoints
-under the plain model's keys) `zoo.train._compile`. What a run optimises is an objective (`zoo.train._objective`):
-the task's loss by default; self-pretraining (`zoo.train.self_pretrain`) and conversion (`zoo.convert`) run through
-this class with their own objective and model, and nothing else of theirs.
+The splits and their loaders come from `zoo.splits`, the evaluation loop from `zoo.train.eval_loop`, what a run
+reports (tracker, progress bar, `metrics.jsonl`) from `zoo.train._tracking`, `train.compile` (torch.compile through
+accelerate, checkpoints under the plain model's keys) from `zoo.train._compile`. What a run optimises is an objective
+(`zoo.train._objective`): the task's loss by default; self-pretraining and the conversion stages are runs of this class
+with their own objective and model, and nothing else of theirs. What runs before a recipe's Trainer (its
+self-pretraining) is composed above it, in `zoo.train.stages`: the constructor only builds the run's parts.
+
+What a subclass or a tool may override or call besides `fit()` (the rest is private): `create_scheduler()` (the
+learning-rate schedule, called once by the constructor), `train_batch(batch)` (one forward/backward, and the optimizer
+step once its batches are in), `train_epoch()` (one epoch of `train_batch`), `save(which)` (write a checkpoint) and
+`restore()` (load the checkpoint a resumed run continues from).
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import pickle
 import shutil
 import time
@@ -38,16 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import DataLoaderConfiguration
-from accelerate.utils import set_seed
+from accelerate import Accelerator
 from timm.optim import create_optimizer_v2
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
 
 from .._validate import first_line
 from ..attention import on_optimizer_step
 from ..config import Recipe, save_recipe
-from ..data import DataContext, build_dataset, collate_for, get_dataset
 from ..hub.checkpoints import (
     CheckpointError,
     check_checkpoint_weights,
@@ -58,30 +60,27 @@ from ..hub.checkpoints import (
     usable_checkpoint,
     write_manifest,
 )
-from ..hub.runs import copy_run_files, describe_model, write_description
-from ..kinds import build_model, get_model_kind, sizes_of
-from ._compile import StepTimes, dynamo_plugin, plain_state_dict_keys
+from ..hub.runs import copy_run_files, write_description
+from ..splits import build_loader
+from ._compile import StepTimes, plain_state_dict_keys
 from ._ema import ModelEma
 from ._mixup import training_objective
 from ._objective import Objective
 from ._schedule import build_scheduler
 from ._stopping import early_stop_reason
-from ._tracking import flat_config, log_eval, log_step, progress_bar, tracker_name
-from .distributed import build_accelerator, is_sharded, local_shard, replica_mismatches, save_checkpoint, sync_buffers
+from ._tracking import flat_config, log_eval, log_step, progress_bar
+from .distributed import (
+    is_sharded,
+    local_shard,
+    raise_if_diverged,
+    replica_mismatches,
+    save_checkpoint,
+    sync_buffers,
+)
 from .eval_loop import evaluate_loader
-from .self_pretrain import pretrain
+from .parts import RunParts, build_parts
 
-__all__ = [
-    "NonFiniteError",
-    "Trainer",
-    "build_loader",
-    "build_split",
-    "data_context",
-    "evaluate_loader",
-    "find_checkpoint",
-    "model_for",
-    "resolve_mixed_precision",
-]
+__all__ = ["NonFiniteError", "TrainState", "Trainer", "nonfinite_batches", "resume_from"]
 
 _logger = logging.getLogger(__name__)
 
@@ -113,57 +112,15 @@ class TrainState:
             setattr(self, key, value)
 
 
-def resolve_mixed_precision(value: str) -> str:
-    """`auto` means bf16 on a GPU that supports it, full precision elsewhere."""
-    if value != "auto":
-        return value
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+def nonfinite_batches(accelerator: Accelerator, seen: Tensor) -> int:
+    """The most non-finite losses any process counted in the step that just ended (`seen[0]`, on the device): the
+    one host sync of the step's check. Every process gets the same number, so every process skips the step or none
+    does (a gather, where an all-reduce sum would count a batch once per process)."""
+    counts = accelerator.gather(seen[:1]) if accelerator.num_processes > 1 else seen[:1]
+    return int(counts.max())
 
 
-def data_context(recipe: Recipe, split: str) -> DataContext:
-    """What a dataset builder reads of the recipe besides data.options: the split, seed, sample count, root and
-    the model's image size."""
-    data, model = recipe.data, recipe.model
-    samples = {"train": data.train_samples, "val": data.val_samples, "test": data.test_samples}
-    return DataContext(
-        split=split,
-        is_training=split == "train",
-        seed=data.seed,
-        num_samples=samples.get(split),
-        root=data.root,
-        # what the model kind tells the builders (a ViT's image size and channels)
-        **get_model_kind(model.kind).data_context(model.options),
-    )
-
-
-def build_split(recipe: Recipe, split: str) -> Dataset:
-    """The recipe's dataset for `split`."""
-    return build_dataset(recipe.data.name, data_context(recipe, split), **recipe.data.options)
-
-
-def model_for(recipe: Recipe, train_set: Dataset) -> nn.Module:
-    """The recipe's model (`model.kind`), sized from the training split."""
-    return build_model(recipe, sizes_of(recipe, train_set))
-
-
-def build_loader(recipe: Recipe, dataset: Dataset, train: bool) -> DataLoader:
-    """Shuffled, whole batches for training; every item, in order, for evaluation. Batches are dicts (1-D items
-    padded)."""
-    batch_size = recipe.data.batch_size if train else recipe.data.eval_batch_size or recipe.data.batch_size
-    workers = recipe.data.num_workers
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=train,
-        drop_last=train,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        pin_memory=torch.cuda.is_available(),
-        collate_fn=collate_for(get_dataset(recipe.data.name).kind),
-    )
-
-
-def _resume_from(resume: bool | str) -> str | None:
+def resume_from(resume: bool | str) -> str | None:
     """The checkpoint `resume` names: None (start afresh), `last` (True) or `best`."""
     if resume is True:
         return "last"
@@ -187,7 +144,12 @@ def _too_few_samples(recipe: Recipe, samples: int, processes: int) -> str:
 
 
 class Trainer:
-    """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation."""
+    """Trains `recipe` into `run_dir`; `fit()` returns the last evaluation.
+
+    The constructor builds and prepares the run's parts and trains nothing; a recipe with `train.pretrain` is trained
+    through `zoo.train.stages.train`, which pretrains the model first. Its public steps (see the module docstring):
+    `create_scheduler`, `train_batch`, `train_epoch`, `save`, `restore`.
+    """
 
     def __init__(
         self,
@@ -197,47 +159,30 @@ class Trainer:
         resume: bool | str = False,
         model: nn.Module | None = None,
         objective: Objective | None = None,
+        parts: RunParts | None = None,
+        pretrained: bool = False,
     ) -> None:
         """`resume`: False, True (from `checkpoints/last`) or the checkpoint to continue from, `last` or `best`.
         `model`: the model to train in place (default: the one the recipe builds); `objective`: its loss and the module
-        that trains (default: the task's loss on the model, `zoo.train._objective`)."""
+        that trains (default: the task's loss on the model, `zoo.train._objective`). `parts`: the run's parts built
+        already (`zoo.train.parts.build_parts`), in place of `model`; `pretrained`: their model was pretrained on
+        `train.pretrain`'s objective (`zoo.train.stages`), which the run's checkpoints record."""
         self.recipe, self.run_dir = recipe, Path(run_dir)
-        self.resume = _resume_from(resume)
+        self.resume = resume_from(resume)
         cfg = recipe.train
-        self.accelerator = build_accelerator(
-            cfg.distributed,
-            # accelerate takes the gloo data-parallel path under torchrun only when told it runs on the CPU
-            cpu=not torch.cuda.is_available(),
-            mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
-            gradient_accumulation_steps=cfg.grad_accum_steps,
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=recipe.seed),
-            log_with=tracker_name(cfg.log_with),
-            project_dir=str(self.run_dir / "logs") if cfg.log_with else None,
-            # train.compile: accelerate's prepare compiles the model (last, around any DDP wrapper)
-            dynamo_plugin=dynamo_plugin(cfg.compile_mode),
-        )
-        if cfg.deterministic:
-            # cuBLAS's deterministic mode needs a fixed workspace, set before its first call
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        set_seed(recipe.seed, deterministic=cfg.deterministic)
-        self.kind = get_model_kind(recipe.model.kind)
-        self.task = self.kind.task(recipe)
-        train_set = build_split(recipe, "train")
-        # train.validate false: no validation split is read, the last evaluation's weights are the best
-        val_set = build_split(recipe, "val") if cfg.validate else None
-        # the run's sizes, read once: every model of the run is built from them (runs/NAME/model.json)
-        sizes = sizes_of(recipe, train_set)
-        self.num_classes = self.task.num_outputs(sizes)
+        if cfg.pretrain is not None and not self.resume and not pretrained:
+            raise ValueError(
+                f"recipe {recipe.name!r} asks for train.pretrain, which runs before the Trainer: train it with "
+                "zoo.train.stages.train (tools/train.py), or pass the pretrained model's parts with pretrained=True"
+            )
+        if parts is not None and model is not None:
+            raise TypeError("Trainer takes a model or the run's parts (which hold the model), not both")
+        parts = build_parts(recipe, self.run_dir, model) if parts is None else parts
+        self.accelerator, self.kind, self.task = parts.accelerator, parts.kind, parts.task
+        self.num_classes = self.task.num_outputs(parts.sizes)
         self.objective = objective or training_objective(self.kind, self.task, cfg, self.num_classes)
-        model = self.kind.build(recipe, sizes, self.task) if model is None else model
-        # what rebuilds the model without the data (zoo.load_model)
-        self.description = describe_model(recipe, train_set, self.task, sizes)
-        # self-pretraining (zoo.train.self_pretrain) once, before step 0; a resumed run loads its result instead
-        pretrained = cfg.pretrain is not None and not self.resume
-        if pretrained:
-            # a run of its own through this class (passed in: zoo.train.self_pretrain sits below it)
-            pretrain(recipe, model, self.run_dir, Trainer)
-        module = self.objective.module(model)
+        self.description = parts.description
+        module = self.objective.module(parts.model)
         optimizer = create_optimizer_v2(
             module,
             opt=recipe.optim.name,
@@ -247,7 +192,7 @@ class Trainer:
             betas=tuple(recipe.optim.betas),
         )
         self.model, self.optimizer, self.train_loader = self.accelerator.prepare(
-            module, optimizer, build_loader(recipe, train_set, True)
+            module, optimizer, build_loader(recipe, parts.train_set, True)
         )
         # the model without the wrappers prepare put around it (DDP, torch.compile's OptimizedModule, whose attribute
         # lookups fall through to the model): its state's keys are the checkpoint's, its modules the attention's
@@ -258,13 +203,15 @@ class Trainer:
         # train.ema: the moving average of the plain model's weights, beside it on its device
         self.ema = ModelEma(self.plain_model, cfg.ema) if cfg.ema is not None else None
         self.objective.setup(self.accelerator, self.model)
+        val_set = parts.val_set
         self.val_loader = None if val_set is None else self.accelerator.prepare(build_loader(recipe, val_set, False))
         self.steps_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if self.steps_per_epoch == 0:
-            raise ValueError(_too_few_samples(recipe, len(train_set), self.accelerator.num_processes))
+            raise ValueError(_too_few_samples(recipe, len(parts.train_set), self.accelerator.num_processes))
         planned = cfg.epochs * self.steps_per_epoch
         self.total_steps = min(planned, cfg.max_steps) if cfg.max_steps else planned
-        self.scheduler = self._scheduler()
+        self.scheduler = self.create_scheduler()
+        # train.pretrain ran on the model (once, before step 0): a resumed run never pretrains again
         self.state = TrainState(pretrained=pretrained)
         # [count, last value] of the non-finite losses among the current step's batches, on the device
         self._nonfinite_losses: Tensor | None = None
@@ -274,9 +221,10 @@ class Trainer:
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
-    def _scheduler(self) -> Any:
-        """The recipe's schedule over the run's `total_steps` (a subclass may step it otherwise: device_train's
-        wall-clock runs)."""
+    def create_scheduler(self) -> Any:
+        """Extension point: the run's learning-rate scheduler, built once by the constructor (after the optimizer and
+        `total_steps`); the Trainer calls its `step_update(step)` after every optimizer step. Default: the recipe's
+        schedule over `total_steps` (a subclass may step it otherwise: device_train's wall-clock runs)."""
         return build_scheduler(self.optimizer, self.recipe.schedule, self.total_steps)
 
     @property
@@ -287,9 +235,9 @@ class Trainer:
     def is_main(self) -> bool:
         return self.accelerator.is_main_process
 
-    def _save(self, which: str) -> None:
-        """Write `checkpoints/<which>` into a temporary directory, then rename it into place; weights that are not
-        finite are never saved over a good checkpoint."""
+    def save(self, which: str) -> None:
+        """Extension point: write `checkpoints/<which>` (`last` or `best`) into a temporary directory, then rename it
+        into place; weights that are not finite are never saved over a good checkpoint (a NonFiniteError instead)."""
         if not self._weights_are_finite():
             raise NonFiniteError(
                 f"the weights hold NaN or inf at step {self.state.step}: training stopped without saving, "
@@ -322,8 +270,9 @@ class Trainer:
             replace_dir(tmp, root / which)
         self.accelerator.wait_for_everyone()
 
-    def _restore(self) -> None:
-        """Load `checkpoints/<resume>` once its manifest, the recipe and the weights' shapes agree."""
+    def restore(self) -> None:
+        """Load `checkpoints/<resume>` (weights, optimizer, RNG, train state, EMA) once its manifest, the recipe and
+        the weights' shapes agree: what `fit` does first in a resumed run."""
         checkpoint, _ = usable_checkpoint(self.run_dir, self.resume, self.recipe, "this recipe")
         check_checkpoint_weights(self.plain_model, checkpoint)
         try:
@@ -344,12 +293,12 @@ class Trainer:
         if self.recipe.train.log_with:
             self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe))
         if self.resume:
-            self._restore()
+            self.restore()
         elif self.state.pretrained:
-            self._save("last")  # the pretrained weights at step 0: a resume from here does not pretrain again
+            self.save("last")  # the pretrained weights at step 0: a resume from here does not pretrain again
         last_eval: dict = {}
         while self.state.epoch < self.recipe.train.epochs and self.state.step < self.total_steps:
-            train_loss, samples_per_s = self._train_epoch()
+            train_loss, samples_per_s = self.train_epoch()
             epoch_done = self.state.batch_in_epoch == 0
             due = self.state.epoch % self.recipe.train.eval_every_epochs == 0 or self.state.step >= self.total_steps
             if due or not epoch_done:
@@ -362,8 +311,9 @@ class Trainer:
         self._finish(last_eval)
         return last_eval
 
-    def _train_epoch(self) -> tuple[float, float]:
-        """One epoch (or what is left of it after a resume); returns mean loss and samples/s."""
+    def train_epoch(self) -> tuple[float, float]:
+        """Extension point: one epoch of `train_batch` (or what is left of it after a resume), without the evaluation
+        and checkpoint that `fit` adds at its end; returns the mean loss and samples/s."""
         acc, cfg = self.accelerator, self.recipe.train
         self.model.train()
         self.train_loader.set_epoch(self.state.epoch)
@@ -379,7 +329,7 @@ class Trainer:
         self.step_times.new_epoch()
         tick = time.perf_counter()
         for batch in loader:
-            loss = self._train_batch(batch)
+            loss = self.train_batch(batch)
             # a skipped batch's non-finite loss is not averaged in (no device sync: the flag stays a tensor)
             finite = torch.isfinite(loss.detach())
             loss_sum += torch.where(finite, loss.detach(), 0.0)
@@ -402,7 +352,7 @@ class Trainer:
                 rate = self.step_times.samples_per_s()
                 log_step(acc, bar, self.state.step, loss=loss.item(), lr=self._lr(), samples_per_s=rate)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
-                self._save("last")
+                self.save("last")
             # the next step's time starts here: logging and checkpoints are not a step's
             tick = time.perf_counter()
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -420,9 +370,10 @@ class Trainer:
         what = "eager" if mode is None else f"compiling the model, train.compile mode {mode!r}"
         _logger.info("first training step: %.2f s (%s)", self.step_times.first_s, what)
 
-    def _train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
-        """One forward/backward; an optimizer step once `grad_accum_steps` batches are in, unless one of their losses
-        was not finite (`_step_is_finite`: read on the host once per step, where gradients synchronise)."""
+    def train_batch(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """Extension point: one batch's forward/backward, and an optimizer step once `grad_accum_steps` batches are in
+        unless one of their losses was not finite (read on the host once per step, where gradients synchronise).
+        Returns the batch's loss (a scalar tensor, not synchronised). `train_epoch` calls it for every batch."""
         acc, cfg = self.accelerator, self.recipe.train
         with acc.accumulate(self.model):
             with acc.autocast():
@@ -454,10 +405,7 @@ class Trainer:
         host sync per optimizer step. Otherwise the step is skipped while at most `train.skip_nonfinite` batches
         were, else the run stops with a NonFiniteError naming the step and last checkpoint."""
         seen, self._nonfinite_losses = self._nonfinite_losses, None
-        # every process skips the same step, or none does: the most non-finite batches any process saw (a gather,
-        # where an all-reduce sum would count a batch once per process)
-        counts = self.accelerator.gather(seen[:1]) if self.accelerator.num_processes > 1 else seen[:1]
-        bad = int(counts.max())
+        bad = nonfinite_batches(self.accelerator, seen)
         if not bad:
             return True
         self.state.skipped_batches += bad
@@ -525,10 +473,10 @@ class Trainer:
         if improved:
             # best first: a crash before `last` is replaced resumes before this evaluation and repeats it, where
             # `last` first would resume past it with `best` never written
-            self._save("best")
+            self.save("best")
             self._copy_checkpoint("best", "last")
         else:
-            self._save("last")
+            self.save("last")
         return record
 
     def _validate(self) -> dict[str, Any]:
@@ -553,7 +501,7 @@ class Trainer:
         sync_buffers(self.model)
         if not self._replicas_compared and self.accelerator.num_processes > 1:
             self._replicas_compared = True
-            _raise_if_diverged(*replica_mismatches(self.plain_model), self.state.step)
+            raise_if_diverged(*replica_mismatches(self.plain_model), self.state.step)
 
     def _selected(self) -> dict[str, Any]:
         """What picked checkpoints/best, for train_summary.json."""
@@ -594,15 +542,4 @@ class Trainer:
         for tracker in self.accelerator.trackers:
             tracker.finish()
         self.accelerator.wait_for_everyone()
-        _raise_if_diverged(checksums, differ, self.state.step)
-
-
-def _raise_if_diverged(checksums: list[str], differ: list[str], step: int) -> None:
-    """A RuntimeError naming the state entries (`zoo.train.distributed.replica_mismatches`) that differ between the
-    processes at `step`: a bug in zoo, never a user's mistake."""
-    if differ:
-        more = ", ..." if len(differ) > 5 else ""
-        raise RuntimeError(
-            f"replicas diverged at step {step}: {len(differ)} state entries differ between the processes "
-            f"({', '.join(differ[:5])}{more}); checksums {checksums}"
-        )
+        raise_if_diverged(checksums, differ, self.state.step)

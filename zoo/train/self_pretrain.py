@@ -11,21 +11,19 @@ causal`` predicts every next token with ``is_causal`` through the backbone. The 
 are trained in place, under a token-prediction head of their own; the head and the [MASK] entry are then dropped,
 so the model that fine-tunes (and every checkpoint of it) has exactly the shape it has without pretraining.
 
-``zoo.train.loop.Trainer`` runs ``pretrain`` once, before step 0: a run of its own through the Trainer into
+This module holds the objective (``PretrainObjective``) and the recipe of its run (``pretrain_recipe``);
+``zoo.train.stages.pretrain`` runs it once, before step 0: a run of its own through the Trainer into
 ``<run>/pretrain`` (the recipe's optimizer, schedule, precision and distribution; ``PretrainObjective`` its only
-difference), then records it in the train state of the checkpoint it writes right after; a resumed run loads that
-checkpoint and never pretrains again.
+difference). The Trainer that fine-tunes then records it in the train state of the checkpoint it writes right away;
+a resumed run loads that checkpoint and never pretrains again.
 
 Letter legend: b - batch, n - tokens, d - model dim, v - vocabulary.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +46,6 @@ __all__ = [
     "causal_lm_loss",
     "draw_mask",
     "masked_lm_loss",
-    "pretrain",
     "pretrain_recipe",
 ]
 
@@ -126,40 +123,6 @@ class TokenPredictor(nn.Module):
         return self.head(features[:, backbone.num_prefix_tokens :])
 
 
-@contextmanager
-def _frozen(module: nn.Module | None) -> Iterator[None]:
-    """Parameters the pretraining forward never reaches (the attention pool) are frozen while it runs, so that
-    data-parallel training finds no parameter without a gradient."""
-    params = [] if module is None else [p for p in module.parameters() if p.requires_grad]
-    for p in params:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p in params:
-            p.requires_grad_(True)
-
-
-def pretrain(recipe: Recipe, model: SequenceModel, run_dir: Path, trainer: Callable[..., Any]) -> list[dict]:
-    """Train `model`'s embedding and backbone in place on `recipe.train.pretrain`'s objective (the training split:
-    inputs only, labels unused), as a run of `trainer` (`zoo.train.loop.Trainer`, passed in: this module sits below
-    it) into `run_dir/pretrain`, with everything a run has (the recipe's optimizer and layer decay, its schedule
-    warmed up over `pretrain.warmup_steps`, clipping, accumulation, mixed precision, ddp / fsdp, non-finite handling,
-    checkpoints, trackers) and `pretrain_recipe`'s settings. Returns one record per epoch (also
-    `run_dir/pretrain.jsonl`). Call it before preparing the fine-tuning objects: what its run prepared is released.
-    """
-    objective = PretrainObjective(recipe.train.pretrain)
-    folder = Path(run_dir) / "pretrain"
-    with _frozen(model.backbone.attn_pool):
-        run = trainer(pretrain_recipe(recipe), folder, model=model, objective=objective)
-        run.fit()
-        run.accelerator.free_memory()
-    records = [_record(json.loads(line)) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    if run.accelerator.is_main_process:
-        (Path(run_dir) / "pretrain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
-
-
 def pretrain_recipe(recipe: Recipe) -> Recipe:
     """The recipe of the pretraining run: `train.pretrain`'s length, rate (default `optim.lr`) and warm-up in the
     recipe's optimizer and schedule, one record and checkpoint per epoch, no validation (nothing to score)."""
@@ -173,17 +136,6 @@ def pretrain_recipe(recipe: Recipe) -> Recipe:
         optim={"lr": cfg.lr or recipe.optim.lr},
         schedule={"warmup_steps": cfg.warmup_steps},
     )
-
-
-def _record(evaluation: dict) -> dict:
-    """A record of pretrain.jsonl from the pretraining run's evaluation record (metrics.jsonl)."""
-    return {
-        "pretrain_epoch": evaluation["epoch"],
-        "pretrain_step": evaluation["step"],
-        "loss": evaluation["train_loss"],
-        "token_top1": evaluation.get("token_top1"),
-        "samples_per_s": evaluation["samples_per_s"],
-    }
 
 
 class PretrainObjective(Objective):
