@@ -88,7 +88,7 @@ def _imports(path: Path, modules: set[str], root: Path = ROOT, packages: tuple[s
     return found
 
 
-@cache  # parsed when a test first asks (about 1 s), not at collection in every xdist worker
+@cache  # parsed when a test first asks (every file of zoo/), not at collection in every xdist worker
 def _graph() -> dict[str, set[str]]:
     paths = {_module(p): p for p in (ROOT / "zoo").rglob("*.py")}
     return {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}

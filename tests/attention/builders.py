@@ -2,6 +2,7 @@
 built under a fixed seed, and the gradient probe. Each takes the few shapes and seeds its callers differ in, so a
 test draws exactly the tensors it always drew."""
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -71,3 +72,41 @@ def grads(out: torch.Tensor, tensors, keep: torch.Tensor | None = None, allow_un
     if keep is not None:
         weight = weight * keep[..., None]
     return torch.autograd.grad((out * weight).sum(), tensors, allow_unused=allow_unused)
+
+
+# bf16's unit roundoff, 2^-8: one rounding changes a value by at most this fraction. The bf16 tests bound the output
+# by 4 of them (the roundings of qkv, the attention's output, proj's input and its output) and a gradient by
+# log2(N) of them (a sum over N tokens or keys, summed pairwise in bf16, takes log2(N) roundings).
+BF16_ROUNDOFF = torch.finfo(torch.bfloat16).eps / 2
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """`|actual - expected| / |expected|` (Frobenius norms), in float64."""
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).norm() / expected.norm())
+
+
+def bf16_against(
+    low: nn.Module, x: torch.Tensor, expected_out, *, autocast: bool = False, **call
+) -> tuple[float, float, dict[str, float]]:
+    """Relative errors of a bf16 run of `low` against `expected_out(high, x_high)` (a float32 computation with
+    `high`, a float32 copy of `low`, on `x` widened: its own rounding, near float32's 2^-24, is lost beside bf16's
+    2^-8, and at 4K tokens an O(n^2) reference costs half the time of float64's), on the output, the input's
+    gradient and each parameter's.
+
+    x: `[b, n, c]`, bf16 (or float32 with `autocast`: `low` then runs under CPU autocast to bf16); `call`: keyword
+    arguments of `low`'s forward."""
+    high = copy.deepcopy(low).float()
+    weight = torch.randn(x.shape[:-1] + (high.proj.out_features,), generator=torch.Generator().manual_seed(7))
+    x_low, x_high = x.clone().requires_grad_(), x.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = low(x_low, **call)
+    assert out.dtype == torch.bfloat16
+    expected = expected_out(high, x_high)
+    (out.float() * weight).sum().backward()
+    (expected * weight).sum().backward()
+    params = {
+        name: relative_error(a.grad, b.grad)
+        for (name, a), b in zip(low.named_parameters(), high.parameters(), strict=True)
+    }
+    return relative_error(out, expected), relative_error(x_low.grad, x_high.grad), params

@@ -8,7 +8,9 @@ default, so glue that forgot any of them fails). The GPU tests run fla itself ag
 (`ZOO_FLA=0`) and a float64 reference, on outputs and every gradient.
 """
 
+import re
 import sys
+from pathlib import Path
 
 import builders
 import pytest
@@ -265,6 +267,21 @@ def test_fla_modules_equal_the_torch_path_on_cuda(variant, dtype, length, monkey
     assert relative_error(out[keep], expected[keep]) < tol
     for grad, expected_grad in zip(grads, expected_grads, strict=True):
         assert relative_error(grad, expected_grad) < 2 * tol
+
+
+def test_the_gpu_extra_and_the_device_wheels_install_the_fla_these_tests_run():
+    """The GPU tests above run where CUDA and fla-core are: `pip install -e ".[gpu]"` (the `gpu` extra) or, on a GPU
+    machine without a package index, `make device-wheels` here and `make device-site` there, whose folder the
+    device targets put on the path; `make device-test` runs this file. All three name the same fla-core."""
+    root = Path(__file__).resolve().parents[2]
+    pyproject, makefile = (root / "pyproject.toml").read_text(), (root / "Makefile").read_text()
+    (extra,) = re.findall(r'^gpu = \["fla-core>=([0-9.]+)"\]$', pyproject, re.MULTILINE)
+    (wheel,) = re.findall(r'pip download .*"fla-core==([0-9.]+)"', makefile)
+    assert wheel == extra, f"make device-wheels fetches fla-core {wheel}, the gpu extra asks for >= {extra}"
+    (tests,) = re.findall(r"^DEVICE_TESTS \?= (.*)$", makefile, re.MULTILINE)
+    assert "tests/attention" in tests.split()
+    (env,) = re.findall(r"^DEVICE_ENV = PYTHONPATH=(.*)$", makefile, re.MULTILINE)
+    assert "$(DEVICE_SITE)" in env
 
 
 def _counting(function, calls: list):

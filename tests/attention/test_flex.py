@@ -12,6 +12,7 @@ import zoo
 from zoo.attention import _flex
 from zoo.attention._blocks import allowed_attention
 from zoo.attention._flex import block_mask, flex_attend
+from zoo.attention._paths import Path, choose_path
 from zoo.attention.bigbird import bigbird_mask
 from zoo.attention.dilated import dilated_mask
 from zoo.attention.local import local_mask
@@ -168,9 +169,62 @@ def test_flex_attend_checks_the_length_and_the_cpu_backward():
         flex_attend(q.requires_grad_(), k, v, local_mask(3))
 
 
-def test_backend_auto_uses_flex_only_on_cuda():
-    q = torch.zeros(1, 1, 4, 16)
-    assert not _flex.use_flex("auto", q) and _flex.use_flex("flex", q) and not _flex.use_flex("torch", q)
+class OnCuda:
+    """Queries as `choose_path` sees them on a GPU: it reads `is_cuda` alone, so the decision for a CUDA tensor is
+    checked on a machine without one."""
+
+    is_cuda = True
+
+
+@pytest.mark.parametrize("q", [OnCuda(), torch.zeros(1, 1, 4, 16, device="meta")], ids=["cuda", "meta"])
+def test_backend_auto_uses_flex_only_on_cuda(q):
+    on_cuda = q.is_cuda
+    # auto: flex on CUDA without attention dropout (FlexAttention has none); `flex` forces it, `torch` never takes it
+    want = Path.FLEX if on_cuda else Path.TORCH
+    assert choose_path(q, backend="auto", flex=True) is want
+    assert choose_path(q, backend="auto", flex=True, dropout_p=0.1) is Path.TORCH
+    assert choose_path(q, backend="flex", flex=True, dropout_p=0.1) is Path.FLEX
+    assert choose_path(q, backend="torch", flex=True) is Path.TORCH
+    # a variant without a flex pattern for the call, or built with reference=True, never takes flex
+    assert choose_path(q, backend="auto", flex=False) is Path.TORCH
+    assert choose_path(q, reference=True, backend="flex", flex=True) is Path.REFERENCE
+    # the kernels come after flex: on CUDA auto flex wins over them, elsewhere they run
+    kernel = choose_path(q, backend="auto", flex=True, kernel=lambda: True)
+    assert kernel is (Path.FLEX if on_cuda else Path.KERNEL)
+    # `use_flex` (FlexAttention's own rule, quoted by its docstring) says the same for every backend
+    for backend, dropout_p in [("auto", 0.0), ("auto", 0.1), ("flex", 0.1), ("torch", 0.0)]:
+        chosen = choose_path(q, backend=backend, dropout_p=dropout_p, flex=True) is Path.FLEX
+        assert _flex.use_flex(backend, q, dropout_p) == chosen, (backend, dropout_p)
+
+
+# variant: the module whose `choose_path` its forward calls
+FLEX_FAMILIES = {
+    "local": "zoo.attention.local",
+    "dilated": "zoo.attention.dilated",
+    "longformer": "zoo.attention.longformer",
+    "bigbird": "zoo.attention.bigbird",
+    "sparse": "zoo.attention.sparse",
+    "window2d": "zoo.attention._grid",
+    "neighborhood": "zoo.attention._grid",
+}
+
+
+@pytest.mark.parametrize("name", list(FLEX_FAMILIES))
+def test_a_windowed_module_on_cuda_decides_for_flex(name, monkeypatch):
+    """The module's own call to `choose_path`, its arguments replayed with queries on CUDA: `auto` takes flex
+    there, while the CPU call it runs takes another path."""
+    decided = []
+
+    def recording(q, **options):
+        decided.append((choose_path(q, **options), choose_path(OnCuda(), **options)))
+        return decided[-1][0]
+
+    monkeypatch.setattr(f"{FLEX_FAMILIES[name]}.choose_path", recording)
+    attention = builders.make(name, DIM, HEADS, with_test_options=True)
+    assert attention.backend == "auto"
+    # every class's test options fit 37 tokens (a 2-D variant: one prefix token and a 6 x 6 grid)
+    attention(builders.tokens(BATCH, 37, DIM))
+    assert decided and all(cpu is not Path.FLEX and cuda is Path.FLEX for cpu, cuda in decided), decided
 
 
 # The compiled flex forward on CPU of the 2-D families (the 1-D ones: test_flex_backends.py), with key padding,

@@ -166,7 +166,10 @@ def test_causal_prefix_never_sees_the_future(window):
     x = inputs()
     changed = x.clone()
     changed[:, 20:] = torch.randn_like(changed[:, 20:]) * 40
-    torch.testing.assert_close(attention(x, is_causal=True)[:, :20], attention(changed, is_causal=True)[:, :20])
+    out, out_changed = attention(x, is_causal=True), attention(changed, is_causal=True)
+    torch.testing.assert_close(out[:, :20], out_changed[:, :20])
+    # the changed tokens themselves do change: an output blind to every input would pass the check above
+    assert (out[:, 20:] - out_changed[:, 20:]).abs().amax(-1).gt(1e-3).all()
 
 
 @pytest.mark.parametrize("window", [0, 16])
@@ -185,13 +188,26 @@ def test_bf16_is_finite_and_close_to_float32(window, causal):
 
 
 @pytest.mark.parametrize("window", [0, 4])
-def test_every_parameter_gets_a_gradient(window):
-    attention = make(window=window).train()
-    attention(inputs(), is_causal=bool(window)).square().mean().backward()
+def test_every_parameter_gets_its_gradient(window):
+    """In float64, the gradient of the input and of every parameter (the feature maps and the window factor
+    included, each non-zero) against autograd through `hedgehog_attention_reference` between the same
+    projections."""
+    attention = make(window=window, qkv_bias=True).double().train()
     own = {"feature_map_q", "feature_map_k"} | ({"window_factor"} if window else set())
     assert own <= {name for name, _ in attention.named_parameters()}
-    for name, param in attention.named_parameters():
-        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    x, causal = inputs().double().requires_grad_(), bool(window)
+    out = attention(x, is_causal=causal)
+    q, k, v = attention.project_qkv(x)
+    gate = None if window == 0 else attention.window_factor.sigmoid()
+    expected = hedgehog_attention_reference(
+        q, k, v, attention.feature_map_q, attention.feature_map_k, None, causal, window=window, window_gate=gate
+    )
+    expected = attention.proj(expected.transpose(1, 2).flatten(2))
+    tensors = (x, *attention.parameters())
+    names = ["input", *(name for name, _ in attention.named_parameters())]
+    for name, got, want in zip(names, grads(out, tensors), grads(expected, tensors), strict=True):
+        assert want.abs().sum() > 0, name
+        torch.testing.assert_close(got, want, msg=lambda message, name=name: f"gradient of {name}: {message}")
 
 
 @pytest.mark.parametrize(

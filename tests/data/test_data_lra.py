@@ -251,7 +251,24 @@ def test_pathfinder_cache_fills_on_every_core_with_the_same_images(pathfinder_ca
     monkeypatch.setattr(pathfinder_module, "_CHUNK", 4)
     monkeypatch.setattr(pathfinder_module, "_PARALLEL_FROM", 8)
     monkeypatch.setattr(pathfinder_module.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    pools = []
+
+    class Recording(pathfinder_module.ProcessPoolExecutor):
+        """The pool the cache fills with: its processes and the (start, stop) of each task."""
+
+        def __init__(self, workers):
+            super().__init__(workers)
+            pools.append({"workers": workers})
+
+        def map(self, fn, tasks):
+            tasks = list(tasks)
+            pools[-1]["tasks"] = [(task[4], task[5]) for task in tasks]
+            return super().map(fn, tasks)
+
+    monkeypatch.setattr(pathfinder_module, "ProcessPoolExecutor", Recording)
     cached = Pathfinder("train", num_samples=18, as_tokens=False, cache=True)
+    # 18 images in chunks of 4: five tasks on the three cores allowed, one pool
+    assert pools == [{"workers": 3, "tasks": [(0, 4), (4, 8), (8, 12), (12, 16), (16, 18)]}]
     plain = Pathfinder("train", num_samples=18, as_tokens=False)
     assert all(torch.equal(a, b) for a, b in zip(_images(cached, range(18)), _images(plain, range(18)), strict=True))
 

@@ -61,8 +61,19 @@ def test_mqar_checker_catches_a_wrong_label():
     sample = ds[0]
     tokens, labels = sample["tokens"].tolist(), sample["labels"].tolist()
     queried = [p for p, label in enumerate(labels) if label != IGNORE_INDEX]
-    labels[queried[0]] = (labels[queried[0]] + 1 - 32) % 32 + 32
-    assert {p: labels[p] for p in queried} != mqar_labels(tokens, 4, queried)
+    expected = mqar_labels(tokens, 4, queried)
+    # the checker agrees with the generator's labels as they are ...
+    assert expected == {p: labels[p] for p in queried}
+    # ... and with none where one answer is moved to another value of the upper half [32, 64)
+    first = queried[0]
+    labels[first] = (labels[first] + 1 - 32) % 32 + 32
+    changed = {p: labels[p] for p in queried}
+    assert changed != expected and changed[first] != expected[first] and 32 <= changed[first] < 64
+    assert {p: v for p, v in changed.items() if p != first} == {p: v for p, v in expected.items() if p != first}
+    # a key bound twice (the second pair rebinding the first key) is refused, not read with either value
+    tokens[2] = tokens[0]
+    with pytest.raises(AssertionError, match=f"key {tokens[0]} bound twice"):
+        mqar_labels(tokens, 4, queried)
 
 
 def test_mqar_layouts_share_everything_but_the_answer_slot():

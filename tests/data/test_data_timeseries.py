@@ -208,7 +208,13 @@ def test_forecast_csv(tmp_path):
     path.write_text("date,load,weekday\n" + "\n".join(rows) + "\n")
     test = ForecastWindows.from_csv(path, "test", lookback=24, horizon=8, targets=("load",))
     assert test.columns == ("load", "weekday") and len(test) == 80 - 8 + 1
-    assert test[0]["values"].shape == (24, 2) and test[0]["target"].shape == (8, 1)
+    # the numbers as written, scaled by the first 280 rows' (70 %) mean and population std; test's first window
+    # predicts rows 320-327 (its first 8 rows, after 280 train and 40 val) from the 24 rows before them
+    raw = np.array([[float(f"{np.sin(i / 5):.5f}"), i % 7] for i in range(400)])
+    scaled = (raw - raw[:280].mean(0)) / raw[:280].std(0)
+    np.testing.assert_allclose(test[0]["values"].numpy(), scaled[296:320], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(test[0]["target"].numpy(), scaled[320:328, :1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(test[-1]["target"].numpy(), scaled[392:400, :1], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="targets"):
         ForecastWindows.from_csv(path, "test", lookback=24, horizon=8, targets=("date",))
     with pytest.raises(ValueError, match="leave no"):

@@ -1,6 +1,8 @@
 """1-D sequence models: shapes per task and input, ViT weights, padding and causality, RevIN, PatchTST patching,
 gradient checkpointing, recurrent generation."""
 
+import math
+
 import pytest
 import timm
 import torch
@@ -411,8 +413,15 @@ def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
     first = generate(model, _tokens(length=4), 6, top_k=3, generator=torch.Generator().manual_seed(3))
     second = generate(model, _tokens(length=4), 6, top_k=3, generator=torch.Generator().manual_seed(3))
     assert torch.equal(first, second)
-    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]]).expand(200, 4)
-    assert set(sample_next(logits, top_k=2).tolist()) <= {1, 2}
+    # another seed draws another continuation (a sampler that ignored its generator, or drew greedily, would not)
+    other = generate(model, _tokens(length=4), 6, top_k=3, generator=torch.Generator().manual_seed(4))
+    assert not torch.equal(first, other)
+    # top 2 of 4: tokens 1 and 2 only, in the softmax's ratio of the two, e^5 : e^4, so token 1 with
+    # p = e / (e + 1); 2,000 draws put its share within 4 standard deviations (sqrt(p (1 - p) / 2000) < 0.01)
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]]).expand(2000, 4)
+    drawn = sample_next(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {1, 2}
+    assert abs(drawn.eq(1).float().mean().item() - math.e / (math.e + 1)) < 0.04
     assert model.training
 
 

@@ -89,8 +89,19 @@ def test_sequence_model_puts_one_before_every_attention(task):
     model = create_sequence_model(task, short_conv=3, **kwargs)
     assert all(block.short_conv.kernel_size == 3 for block in model.backbone.blocks)
     assert all(block.short_conv is None for block in create_sequence_model(task, **kwargs).backbone.blocks)
+    # each attention reads its block's convolution's output: hooks record the order of the calls and what
+    # each attention was given
+    calls, handles = [], []
+    for i, block in enumerate(model.backbone.blocks):
+        handles.append(block.short_conv.register_forward_hook(lambda m, args, out, i=i: calls.append(("conv", i, out))))
+        handles.append(block.attn.register_forward_hook(lambda m, args, out, i=i: calls.append(("attn", i, args[0]))))
     tokens = torch.randint(0, 11, (B, N))
     out = model(tokens)
+    for handle in handles:
+        handle.remove()
+    assert [(kind, i) for kind, i, _ in calls] == [("conv", 0), ("attn", 0), ("conv", 1), ("attn", 1)]
+    for (_, _, conv_out), (_, _, attn_in) in zip(calls[0::2], calls[1::2], strict=True):
+        assert attn_in is conv_out
     assert out.shape == (B, N, 11)
     if model.task.causal:
         later = tokens.clone()

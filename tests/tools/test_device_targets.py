@@ -30,7 +30,7 @@ def test_device_train_trains_each_attention_for_the_same_wall_time(tmp_path, mon
     line = " ".join(proc.stdout.replace("\\\n", " ").split())
     arguments = f"--device cpu --out {tmp_path} --seconds {seconds} --val-samples 8"
     assert f"-m zoo_bench.device_train {arguments}" in line
-    # the command make runs, in this process: a fresh interpreter would spend 10 s importing what this one holds
+    # the command make runs, in this process: a fresh interpreter would import again what this one holds
     monkeypatch.setattr(sys, "argv", ["device_train.py", *arguments.split()])
     device_train.main()
     reset_accelerate()

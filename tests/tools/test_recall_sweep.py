@@ -48,7 +48,8 @@ def fake(monkeypatch):
 
 @pytest.fixture
 def undrawn(monkeypatch):
-    """The report without its figure: matplotlib takes about 5 s a figure, and only the report test draws one."""
+    """The report without its figure: drawing one costs more than the rest of a test, and only the report test
+    draws one."""
     monkeypatch.setattr(recall_report, "plot", lambda results, path: None)
 
 
@@ -214,8 +215,8 @@ def test_variant_errors_name_the_bad_value():
 @pytest.mark.slow
 @pytest.mark.usefixtures("undrawn")
 def test_a_real_tiny_sweep(tmp_path, monkeypatch, capsys):
-    # the command line and its run (tools/train.py --test) in this process: a fresh interpreter would spend 10 s
-    # importing what this one holds (tests/tools/test_leaderboard.py launches the runs' fresh processes)
+    # the command line and its run (tools/train.py --test) in this process: a fresh interpreter would import again
+    # torch and all of zoo, which this one holds (tests/tools/test_leaderboard.py launches the runs' fresh processes)
     sweep_runs_here(monkeypatch)
     main = runpy.run_path(str(ROOT / "tools" / "recall.py"))["main"]
     monkeypatch.chdir(ROOT)
