@@ -80,14 +80,45 @@ def test_miou_averages_over_the_classes_present_only():
     assert metrics.compute()["miou"].item() == pytest.approx((1 / 2 + 2 / 3) / 2)
 
 
-@pytest.mark.parametrize("decoder", ["linear", "pyramid"])
+@pytest.mark.parametrize("decoder", ["linear", "pyramid", "progressive"])
 @pytest.mark.parametrize("size", [32, 40])
 def test_every_decoder_gives_logits_at_the_input_size(decoder, size):
-    options = {"channels": 8} if decoder == "pyramid" else {}
+    options = {"channels": 8} if decoder != "linear" else {}
     model = tiny(img_size=size, decoder=decoder, decoder_options=options, num_classes=5)
     with torch.no_grad():
         out = model(torch.randn(2, 1, size, size))
     assert out.shape == (2, 5, size, size)
+
+
+def test_progressive_decoder_maps_each_patch_to_its_own_pixels_and_reads_the_image_locally():
+    # decoder alone, in eval mode: the transposed convolutions (kernel 2, stride 2, three for 8-px patches) take
+    # patch (1, 2)'s features to pixels 8..15 x 16..23 only, and the closing 3x3 convolution widens that by one
+    # pixel; the image path (two 3x3 convolutions) and the closing one see 7 x 7 pixels: a pixel at (20, 5)
+    # reaches rows and columns 17..23 and 2..8
+    from zoo.models.segmentation import ProgressiveDecoder
+
+    torch.manual_seed(0)
+    decoder = ProgressiveDecoder(16, 3, channels=8, patch_size=8, in_chans=1).eval()
+    features, image = torch.randn(1, 16, 4, 4), torch.randn(1, 1, 32, 32)
+    with torch.no_grad():
+        base = decoder(features, image)
+        moved = features.clone()
+        moved[..., 1, 2] += 1.0
+        by_patch = (decoder(moved, image) - base).abs().amax(1)[0] > 0  # [H, W]
+        nudged = image.clone()
+        nudged[..., 20, 5] += 1.0
+        by_pixel = (decoder(features, nudged) - base).abs().amax(1)[0] > 0
+    expected = torch.zeros(32, 32, dtype=torch.bool)
+    expected[7:17, 15:25] = True
+    assert torch.equal(by_patch, expected)
+    expected = torch.zeros(32, 32, dtype=torch.bool)
+    expected[17:24, 2:9] = True
+    assert torch.equal(by_pixel, expected)
+
+
+def test_progressive_decoder_needs_a_power_of_two_patch():
+    with pytest.raises(ValueError, match="power of 2, got 6"):
+        tiny(img_size=36, patch_size=6, decoder="progressive")
 
 
 def test_dynamic_size_segments_a_non_square_image_at_its_own_size():
@@ -161,7 +192,7 @@ def seg_recipe(**model) -> dict:
 def test_recipe_decoder_options_are_checked():
     recipe = recipe_from_dict(seg_recipe(decoder="pyramid", decoder_channels=8))
     assert recipe.model.decoder == "pyramid"
-    with pytest.raises(ValueError, match=r"model\.decoder: .*linear.*pyramid"):
+    with pytest.raises(ValueError, match=r"model\.decoder: .*linear.*pyramid.*progressive"):
         recipe_from_dict(seg_recipe(decoder="fpn"))
     classify = {**seg_recipe(decoder="pyramid"), "task": "classification", "metrics": ["top1"]}
     classify["data"] = {**classify["data"], "name": "megamnist"}
@@ -173,19 +204,19 @@ def test_recipe_decoder_options_are_checked():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A 2-step run of the pyramid decoder on 32-px MegaMNIST masks."""
+    """A 2-step run of the progressive decoder on 32-px MegaMNIST masks."""
     from zoo.train.loop import Trainer
 
     run_dir = tmp_path_factory.mktemp("seg") / "run"
     reset_accelerate()
-    Trainer(recipe_from_dict(seg_recipe(decoder="pyramid", decoder_channels=8)), run_dir).fit()
+    Trainer(recipe_from_dict(seg_recipe(decoder="progressive", decoder_channels=8)), run_dir).fit()
     reset_accelerate()
     return run_dir
 
 
 def test_a_run_round_trips_through_load_model_and_save_pretrained(trained, tmp_path):
     model = zoo.load_model(trained)
-    assert isinstance(model, SegmentationViT) and model.decoder_name == "pyramid"
+    assert isinstance(model, SegmentationViT) and model.decoder_name == "progressive"
     assert model.pretrained_cfg["label_names"] == ("background", *map(str, range(10)))
     folder = zoo.save_pretrained(model, tmp_path / "saved")
     again = zoo.load_model(folder)
@@ -196,7 +227,7 @@ def test_a_run_round_trips_through_load_model_and_save_pretrained(trained, tmp_p
         assert torch.equal(model(x), again(x))
     # timm's own route reads the same folder
     config = json.loads((folder / "config.json").read_text())
-    assert config["model_args"]["decoder"] == "pyramid" and config["num_classes"] == 11
+    assert config["model_args"]["decoder"] == "progressive" and config["num_classes"] == 11
 
 
 def test_eval_reports_miou_beside_the_all_background_baseline_and_draws_masks(trained):

@@ -53,9 +53,9 @@ class ViTOptions(KindOptions):
     pretrained_file: str | None = None
     # extra keyword arguments for timm's VisionTransformer
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
-    # task segmentation only (zoo.models.segmentation): linear (Segmenter's linear decoder) or pyramid (ViTDet's
-    # simple feature pyramid, decoder_channels per level)
-    decoder: Literal["linear", "pyramid"] = "linear"
+    # task segmentation only (zoo.models.segmentation): linear (Segmenter's linear decoder), pyramid (ViTDet's
+    # simple feature pyramid, decoder_channels per level) or progressive (SAM's upsampling with an image path)
+    decoder: Literal["linear", "pyramid", "progressive"] = "linear"
     decoder_channels: int = field(default=128, metadata={"min": 1})
 
     def problems(self) -> list[tuple[str, str]]:

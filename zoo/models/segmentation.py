@@ -4,9 +4,10 @@ decoder, for the `segmentation` task (`zoo.tasks.segmentation`).
 `SegmentationViT` is a `ZooVisionTransformer` (any attention, 2-D layouts and global blocks included) whose
 classifier gives way to a decoder on its last patch-token map, taken through timm's `forward_intermediates`
 (prefix tokens dropped, the final LayerNorm applied, `[b, d, h, w]`); the decoder's logits are upsampled
-bilinearly to the input size. `timm.create_model('zoo_vit_small_patch16_224', decoder='linear', num_classes=11)`
-builds one, `zoo.save_pretrained` / `zoo.load_model` round-trip it (its `zoo_args` record the decoder). Decoders
-(`DECODERS`, chosen by name):
+bilinearly to the input size (the `progressive` decoder also reads the image and gives logits at its size).
+`timm.create_model('zoo_vit_small_patch16_224', decoder='linear', num_classes=11)` builds one,
+`zoo.save_pretrained` / `zoo.load_model` round-trip it (its `zoo_args` record the decoder). Decoders (`DECODERS`,
+chosen by name):
 
 - `linear`: Segmenter's linear decoder (Strudel et al. 2021, https://arxiv.org/abs/2105.05633), SETR-naive without
   its hidden layer (Zheng et al. 2021, https://arxiv.org/abs/2012.15840): the backbone's final LayerNorm, then a 1x1
@@ -15,7 +16,13 @@ builds one, `zoo.save_pretrained` / `zoo.load_model` round-trip it (its `zoo_arg
   levels at 4, 2, 1 and 1/2 times the patch grid (two / one stride-2 transposed convolutions, identity, max
   pooling), each projected to `channels` channels (1x1 and 3x3 convolutions, each with a LayerNorm); the levels are
   summed at the finest level's size, as Panoptic FPN's semantic branch sums them (Kirillov et al. 2019,
-  https://arxiv.org/abs/1901.02446), and a 1x1 convolution gives the classes.
+  https://arxiv.org/abs/1901.02446), and a 1x1 convolution gives the classes;
+- `progressive`: SAM's mask decoder shape (Kirillov et al. 2023, https://arxiv.org/abs/2304.02643): the patch map
+  upsampled by stride-2 transposed convolutions (log2 of the patch size of them, each with a LayerNorm and a GELU)
+  up to the input size, fused, as SAM-HQ fuses early high-resolution features (Ke et al. 2023,
+  https://arxiv.org/abs/2306.01567), with a shallow full-resolution convolution path from the image itself (two 3x3
+  convolutions); a 3x3 and a 1x1 convolution give the classes. The patch map says what is where; the image path
+  says which pixels, for strokes thinner than a patch.
 
 Letter legend: b - batch, c - channels, d - model width, e - decoder width, k - classes, h/w - patch grid,
 H/W - input size.
@@ -23,8 +30,10 @@ H/W - input size.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from timm.layers import LayerNorm2d
 from torch import Tensor, nn
@@ -32,7 +41,7 @@ from torch import Tensor, nn
 from .._validate import unknown_name
 from .vit import DECODER_MODELS, ZooVisionTransformer
 
-__all__ = ["DECODERS", "LinearDecoder", "PyramidDecoder", "SegmentationViT"]
+__all__ = ["DECODERS", "LinearDecoder", "ProgressiveDecoder", "PyramidDecoder", "SegmentationViT"]
 
 
 class LinearDecoder(nn.Module):
@@ -84,15 +93,76 @@ class PyramidDecoder(nn.Module):
         return self.classifier(levels[0] + fused)
 
 
-# name -> the decoder class, called as (patch feature width, classes, **decoder_options)
-DECODERS: dict[str, type[nn.Module]] = {"linear": LinearDecoder, "pyramid": PyramidDecoder}
+class ProgressiveDecoder(nn.Module):
+    """Patch features `[b, d, h, w]` and the image `[b, c, H, W]` -> logits `[b, k, H, W]`: the map upsampled by
+    `log2(patch_size)` stride-2 transposed convolutions (`channels` wide), concatenated with a shallow
+    full-resolution convolution path from the image, then a 3x3 and a 1x1 convolution (SAM's mask decoder shape)."""
+
+    # SegmentationViT hands this decoder the input image as well
+    reads_image = True
+
+    def __init__(self, dim: int, num_classes: int, *, channels: int = 32, patch_size: int = 16, in_chans: int = 3):
+        super().__init__()
+        if patch_size < 1 or patch_size & (patch_size - 1):
+            raise ValueError(
+                "the progressive decoder doubles the grid up to the input size: patch_size must be a power of 2, "
+                f"got {patch_size}"
+            )
+        self.neck = nn.Sequential(nn.Conv2d(dim, channels, 1, bias=False), LayerNorm2d(channels))
+        ups = []
+        for _ in range(int(math.log2(patch_size))):
+            ups += [nn.ConvTranspose2d(channels, channels, 2, stride=2), LayerNorm2d(channels), nn.GELU()]
+        self.up = nn.Sequential(*ups)
+        # two 3x3 convolutions see 5 x 5 pixels: where a stroke is, not which digit it belongs to
+        self.image_path = nn.Sequential(
+            nn.Conv2d(in_chans, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.GELU(),
+            nn.Conv2d(channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.GELU(),
+        )
+        self.fuse = nn.Sequential(
+            nn.Conv2d(2 * channels, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.GELU(),
+            nn.Conv2d(channels, num_classes, 1),
+        )
+
+    def forward(self, features: Tensor, image: Tensor) -> Tensor:
+        up = self.up(self.neck(features))  # [b, e, h * patch, w * patch]
+        if up.shape[-2:] != image.shape[-2:]:
+            # a padded last patch (dynamic_img_pad): the grid covers a little more than the image
+            up = F.interpolate(up, size=image.shape[-2:], mode="bilinear", align_corners=False)
+        return self.fuse(torch.cat([up, self.image_path(image)], dim=1))
+
+
+# name -> the decoder class, called as (patch feature width, classes, **decoder_options), and with the patch size
+# and the image's channels (patch_size=, in_chans=) when it reads the image (`reads_image`)
+DECODERS: dict[str, type[nn.Module]] = {
+    "linear": LinearDecoder,
+    "pyramid": PyramidDecoder,
+    "progressive": ProgressiveDecoder,
+}
 # the options each decoder takes (decoder_options), with their defaults
-DECODER_OPTIONS: dict[str, dict[str, Any]] = {"linear": {}, "pyramid": {"channels": 128}}
+DECODER_OPTIONS: dict[str, dict[str, Any]] = {
+    "linear": {},
+    "pyramid": {"channels": 128},
+    "progressive": {"channels": 32},
+}
 
 
-def build_decoder(name: str, dim: int, num_classes: int, options: dict[str, Any] | None = None) -> nn.Module:
-    """Decoder `name` (`DECODERS`) from `dim`-wide patch features to `num_classes` logits; an unknown name or option
-    is a one-line error naming what is allowed."""
+def build_decoder(
+    name: str,
+    dim: int,
+    num_classes: int,
+    options: dict[str, Any] | None = None,
+    *,
+    patch_size: int = 16,
+    in_chans: int = 3,
+) -> nn.Module:
+    """Decoder `name` (`DECODERS`) from `dim`-wide patch features (of `patch_size`-px patches of `in_chans`-channel
+    images) to `num_classes` logits; an unknown name or option is a one-line error naming what is allowed."""
     if name not in DECODERS:
         raise unknown_name("decoder", name, DECODERS)
     options = dict(options or {})
@@ -100,6 +170,8 @@ def build_decoder(name: str, dim: int, num_classes: int, options: dict[str, Any]
     if unknown:
         allowed = ", ".join(DECODER_OPTIONS[name]) or "none"
         raise ValueError(f"decoder {name!r} takes no option {unknown[0]!r}; it takes: {allowed}")
+    if getattr(DECODERS[name], "reads_image", False):
+        options.update(patch_size=patch_size, in_chans=in_chans)
     return DECODERS[name](dim, num_classes, **options)
 
 
@@ -121,18 +193,33 @@ class SegmentationViT(ZooVisionTransformer):
         # the pooled classifier is not used: no parameter without a gradient
         self.head = nn.Identity()
         self.decoder_name, self.decoder_options = decoder, dict(decoder_options or {})
-        self.decoder = build_decoder(decoder, self.embed_dim, num_classes, self.decoder_options)
+        self.decoder = self._decoder(num_classes)
         self.zoo_args.update(decoder=decoder, decoder_options=dict(self.decoder_options))
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         if global_pool is not None:
             self.global_pool = global_pool
         self.num_classes = num_classes
-        self.decoder = build_decoder(self.decoder_name, self.embed_dim, num_classes, self.decoder_options)
+        self.decoder = self._decoder(num_classes)
+
+    def _decoder(self, num_classes: int) -> nn.Module:
+        patch_size = self.patch_embed.patch_size
+        if patch_size[0] != patch_size[1] and getattr(DECODERS.get(self.decoder_name), "reads_image", False):
+            raise ValueError(f"decoder {self.decoder_name!r} needs square patches, got {patch_size}")
+        return build_decoder(
+            self.decoder_name,
+            self.embed_dim,
+            num_classes,
+            self.decoder_options,
+            patch_size=patch_size[0],
+            in_chans=self.zoo_args.get("in_chans", 3),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         """images `[b, c, H, W]` -> logits `[b, k, H, W]`."""
         (features,) = self.forward_intermediates(x, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True)
+        if getattr(self.decoder, "reads_image", False):
+            return self.decoder(features, x)  # [b, k, H, W]
         logits = self.decoder(features)  # [b, k, h, w] or [b, k, 4h, 4w]
         return F.interpolate(logits, size=x.shape[-2:], mode="bilinear", align_corners=False)
 

@@ -3,9 +3,11 @@ per-class IoU and pixel accuracy (torchmetrics), a mask per predicted image.
 
 The model is the `vit` kind's `zoo.models.segmentation.SegmentationViT`: any attention's patch tokens through a
 light decoder (`decoder`: `linear`, Segmenter's; `pyramid`, ViTDet's simple feature pyramid with
-`decoder_channels` per level), logits upsampled to the input size. Both options are the recipe's `model.decoder`
-and `model.decoder_channels`. A dataset for it yields `(image [c, H, W] float32, mask [H, W] int64)` pairs,
-`IGNORE_INDEX` where a pixel has no label, and names its classes (`classes`, background included).
+`decoder_channels` per level; `progressive`, SAM's transposed-convolution upsampling to the input size fused with a
+full-resolution convolution path from the image, `decoder_channels` wide), logits at the input size. Both options
+are the recipe's `model.decoder` and `model.decoder_channels`. A dataset for it yields `(image [c, H, W] float32,
+mask [H, W] int64)` pairs, `IGNORE_INDEX` where a pixel has no label, and names its classes (`classes`, background
+included).
 
 Letter legend: b - batch, k - classes, H/W - image height and width.
 """
@@ -29,7 +31,7 @@ from ._base import Task, register_task
 __all__ = ["DECODER_NAMES", "Segmentation"]
 
 # the decoders of zoo.models.segmentation (checked here too: tasks sit below models)
-DECODER_NAMES = ("linear", "pyramid")
+DECODER_NAMES = ("linear", "pyramid", "progressive")
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Segmentation(Task):
     # zoo.predict writes each row's `mask` as a PNG
     predicts_masks = True
     decoder: str = "linear"
-    # pyramid only: channels of every level
+    # pyramid: channels of every level; progressive: of the upsampling and image paths
     decoder_channels: int = 128
 
     def __post_init__(self) -> None:
@@ -72,7 +74,7 @@ class Segmentation(Task):
 
     def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
         """The pixel classes and the decoder (`zoo.models.segmentation.SegmentationViT`'s arguments)."""
-        options = {"channels": self.decoder_channels} if self.decoder == "pyramid" else {}
+        options = {"channels": self.decoder_channels} if self.decoder != "linear" else {}
         return {"num_classes": sizes.num_classes, "decoder": self.decoder, "decoder_options": options}
 
     def num_outputs(self, sizes: ModelSizes) -> int:
