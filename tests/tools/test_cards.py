@@ -137,7 +137,7 @@ def _every_rule_firing() -> list[dict[str, cards.Fact]]:
 
 def test_no_variant_gets_contradictory_claims_from_synthetic_results():
     grids = _every_rule_firing()
-    assert len(grids) == 8  # two rules each for recall, ListOps and high-res images
+    assert len(grids) == 16  # two rules each for recall, ListOps, high-res images and 2-D recall
     for facts in grids:
         said = cards.pick_this_when("x", facts)
         for good, bad in _OPPOSITES:

@@ -14,6 +14,7 @@ from .machine import REPO_ROOT
 __all__ = [
     "GPU_TRAIN",
     "MARGIN",
+    "RECALL2D",
     "Fact",
     "beyond_noise",
     "conversion_text",
@@ -46,6 +47,8 @@ GPU_TRAIN = (
     f"{CHUNKED_CHECK}/device_check.json",
 )
 HIGHRES = "benchmarks/cpu/highres.json"
+# the 2-D recall probe (tools/zoo_bench/recall2d.py): its summary carries each layout's verdict
+RECALL2D = "benchmarks/cpu/recall2d.json"
 
 # "faster" / "slower" only beyond this relative margin, or the repeats' own spread where larger
 MARGIN = 0.05

@@ -26,6 +26,7 @@ from ._results import (
     H200_CHECK,
     HIGHRES,
     MARGIN,
+    RECALL2D,
     Fact,
     conversion_text,
     faster_from,
@@ -172,6 +173,15 @@ def _highres(data: list[dict[str, Any]], name: str) -> Fact | None:
     return None
 
 
+def _recall2d(data: list[dict[str, Any]], name: str) -> Fact | None:
+    """Test top-1 % of the 2-D recall probe (mean ± std over seeds) of the plain layout, and its verdict."""
+    for results in data:
+        row = results["summary"]["layouts"].get(name)
+        if row and row["mean"] is not None:
+            return Fact(f"{percent_mean_std(row['top1'])}: {row['verdict']}", row["mean"])
+    return None
+
+
 def _segmentation(data: list[dict[str, Any]], name: str) -> Fact | None:
     """Test mIoU % of the quick segmentation recipe (mean over seeds) of the plain layout, beside the all-background
     rule's."""
@@ -314,6 +324,15 @@ COLUMNS = (
         _highres,
     ),
     Column(
+        "2-D recall",
+        (RECALL2D,),
+        "benchmarks/cpu/recall2d.md",
+        "`recall2d_quick` (name the digit drawn in the query's colour, every digit at least 4 patches from the "
+        "query) test top-1 %, mean ± std over seeds, the same steps for every variant, and the verdict: recalls "
+        "across the image at >= 90, not below 50 (a digit guessed among those on the canvas: 1 in their number)",
+        _recall2d,
+    ),
+    Column(
         "segmentation",
         ("benchmarks/cpu/seg_megamnist_quick.json",),
         "benchmarks/cpu/seg_megamnist_quick.md",
@@ -432,6 +451,20 @@ RULES = (
         f"the most recall at its speed at length {GOAL_CELL[0]} (on the recall-throughput frontier)",
         "on the frontier, when no recall rule above holds",
         "recall",
+    ),
+    Rule(
+        "2-D recall",
+        lambda a: a >= 0.9,
+        "recalling across an image (2-D recall {value:.2f})",
+        ">= 0.9",
+        "2-D recall",
+    ),
+    Rule(
+        "2-D recall",
+        lambda a: a < 0.5,
+        "does not recall across an image (2-D recall {value:.2f})",
+        "< 0.5",
+        "2-D recall",
     ),
     Rule("ListOps", lambda s: s >= 32.0, "long-range classification (ListOps {value:.1f})", ">= 32 %"),
     Rule("ListOps", lambda s: s < 20.0, "did not learn ListOps in 600 steps ({value:.1f})", "< 20 %"),

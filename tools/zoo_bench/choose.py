@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._results import GPU_TRAIN, HIGHRES, beyond_noise, load, mean_std, percent_mean_std
+from ._results import GPU_TRAIN, HIGHRES, RECALL2D, beyond_noise, load, mean_std, percent_mean_std
 from .cards import variant_facts
 from .machine import REPO_ROOT
 from .recall_grid import summarize_cells
@@ -251,6 +251,22 @@ def _long_recall() -> str:
     return "CPU, `" + cells[0][3] + "`: " + "; ".join(parts) + unfinished
 
 
+def _recall_2d() -> str:
+    """Each layout's verdict on the 2-D recall probe, its test top-1 and the rules that recall nothing, or the
+    command that measures it."""
+    data = load(RECALL2D)
+    measured = data and {k: v for k, v in data["summary"]["layouts"].items() if v["mean"] is not None}
+    if not measured:
+        return "not measured; `make bench-recall2d` measures it."
+    rules = ", ".join(f"{name} {100 * v['top1']:.1f}" for name, v in data["summary"]["baselines"].items())
+    rows = "; ".join(f"`{name}` {percent_mean_std(v['top1'])}: {v['verdict']}" for name, v in measured.items())
+    return (
+        f"test top-1 % (mean ± std over seeds {', '.join(map(str, data['protocol']['seeds']))}, "
+        f"{data['protocol']['budget_steps']} steps; rules that recall nothing: {rules or 'not measured'}): {rows} "
+        f"(`{RECALL2D}`)."
+    )
+
+
 def _conversion() -> tuple[str, str]:
     data = load(CONVERSION)
     if data is None:
@@ -350,6 +366,11 @@ def choose_markdown() -> str:
         + ". Tasks that need no recall: pick by speed above. At 1K, 4K and 16K tokens (long DNA, say): "
         + _long_recall()
         + f"; on a GPU: not measured, `{GPU_RECALL_COMMAND}` measures it.",
+        "",
+        "## Recall across an image (2-D)",
+        "",
+        "Which layouts pair a query with a digit at least 4 patches away (`recipes/recall2d_quick.yaml`, the images' "
+        "MQAR; recalls across the image at >= 90 %, not below 50 %): " + _recall_2d(),
         "",
         "## Converting a pretrained softmax ViT",
         "",
