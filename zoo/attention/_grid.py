@@ -4,7 +4,8 @@ token checks, the prefix tokens every token sees, and the backends.
 The tokens are `num_prefix_tokens` prefix tokens (class, registers) and then the rows x cols patch grid in raster
 order. A family's geometry is one function of the grid in its own file; from it come its dense `[n, n]` pattern
 (`with_prefix`, the reference the tests compare with), its FlexAttention pattern (`prefix_table`) and its torch
-path.
+path. A NaFlex batch gives every sample a grid of its own (`set_grids`): `ragged_attend` runs each distinct grid on
+its samples' leading tokens, so windows never span two samples or padding.
 
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "grid_coordinates",
     "masked_sdpa",
     "prefix_table",
+    "ragged_attend",
     "with_prefix",
 ]
 
@@ -103,6 +105,38 @@ def global_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
     return masked_sdpa(q, k, v, keep, scale, dropout_p)
 
 
+def ragged_attend(
+    attend_grid, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grids: list, p: int, backend: str
+) -> Tensor:
+    """A 2-D family on a batch whose samples have grids of their own (NaFlex): the samples of each distinct grid
+    are run together on their leading `p + rows * cols` tokens, exactly as that grid alone, so no window spans
+    two samples or padding; padded queries get zeros.
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool or None; grids: `(rows, cols)` per sample; attend_grid(q, k, v,
+    mask, grid, flex) runs one grid. With backend 'auto' the torch path runs (each distinct length would compile a
+    FlexAttention kernel of its own); 'flex' keeps FlexAttention.
+    """
+    b, _, n, _ = q.shape
+    if len(grids) != b:
+        raise ValueError(f"{len(grids)} grids set (set_grids) for a batch of {b} samples")
+    out = q.new_zeros(q.shape)
+    by_grid: dict[tuple[int, int], list[int]] = {}
+    for index, grid in enumerate(grids):
+        by_grid.setdefault(tuple(grid), []).append(index)
+    for (rows, cols), samples in by_grid.items():
+        length = p + rows * cols
+        if length == n and len(samples) == b:  # one grid, no padding: the plain call
+            return attend_grid(q, k, v, mask, (rows, cols), flex=backend == "flex")
+        if length > n:
+            raise ValueError(f"grid {rows} x {cols} with {p} prefix tokens needs {length} tokens, the batch has {n}")
+        index = torch.tensor(samples, device=q.device)
+        part = [x.index_select(0, index)[:, :, :length] for x in (q, k, v)]
+        keep = None if mask is None else mask.index_select(0, index)[:, :length]
+        result = attend_grid(*part, keep, (rows, cols), flex=backend == "flex")
+        out = out.index_copy(0, index, F.pad(result, (0, 0, 0, n - length)))
+    return out
+
+
 class GridAttention(AttentionBase):
     """Attention on the patch grid: the `grid_size`, `num_prefix_tokens`, `backend` and `reference` options
     (checked by `init_grid`), `set_grid`, and the path of each call (`choose_path`: the reference, FlexAttention or
@@ -120,15 +154,29 @@ class GridAttention(AttentionBase):
         self.num_prefix_tokens = check_int("num_prefix_tokens", num_prefix_tokens, 0)
         self.reference = check_bool("reference", reference)
         self.backend = check_backend(backend, self.attn_drop.p, self.reference)
+        self.grids: list[tuple[int, int]] | None = None
 
     def set_grid(self, grid_size: tuple[int, int]) -> None:
         """The patch grid `(rows, cols)` of the next forwards (the model calls it when the image size changes)."""
         self.grid_size = check_grid(grid_size)
 
+    def set_grids(self, grids: list[tuple[int, int]] | None) -> None:
+        """Every sample's own grid for the next forwards (NaFlex batches: sample i's tokens are the prefix tokens,
+        its rows x cols patches in raster order, then padding up to the batch's length); None: one grid for all,
+        `grid_size`."""
+        self.grids = None if grids is None else [check_grid(grid) for grid in grids]
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        if self.grids is not None:
+            return ragged_attend(self._attend_grid, q, k, v, mask, self.grids, self.num_prefix_tokens, self.backend)
+        return self._attend_grid(q, k, v, mask, check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens))
+
+    def _attend_grid(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grid: tuple[int, int], flex: bool = True
+    ) -> Tensor:
+        """Samples that share one grid, `[b, h, p + rows * cols, d]`, on the path `choose_path` picks."""
         dropout_p = self.attn_drop.p if self.training else 0.0
-        grid = check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens)
-        path = choose_path(q, reference=self.reference, backend=self.backend, dropout_p=dropout_p, flex=True)
+        path = choose_path(q, reference=self.reference, backend=self.backend, dropout_p=dropout_p, flex=flex)
         if path is Path.REFERENCE:
             return self.reference_attention(q, k, v, mask, grid, dropout_p)
         if path is Path.FLEX:

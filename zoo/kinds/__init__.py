@@ -19,6 +19,7 @@ import line below (or, outside zoo, the call alone: see tests/test_extension.py)
 # isort: off
 from . import vit  # noqa: F401
 from . import sequence  # noqa: F401
+from . import naflex  # noqa: F401
 
 # isort: on
 from ._base import (

@@ -4,6 +4,7 @@ from ..tasks.heads import ClassificationHead, ForecastHead, LanguageModelHead, T
 from .blocks import BLOCKS, Block, GAUBlock, ReversibleSequence, block_class
 from .embeddings import KmerEmbedding, PatchEmbedding, RevIN, TokenEmbedding
 from .generation import generate, supports_recurrent
+from .naflex import NAFLEX_ARCHITECTURES, ZooNaFlexVit, create_naflex_model
 from .segmentation import SegmentationViT
 from .sequence import (
     INPUTS,
@@ -25,6 +26,7 @@ from .vit import (
 __all__ = [
     "BLOCKS",
     "INPUTS",
+    "NAFLEX_ARCHITECTURES",
     "POSITIONS",
     "VIT_ARCHITECTURES",
     "Block",
@@ -43,9 +45,11 @@ __all__ = [
     "SequenceTransformer",
     "TokenClassificationHead",
     "TokenEmbedding",
+    "ZooNaFlexVit",
     "ZooVisionTransformer",
     "block_class",
     "create_model",
+    "create_naflex_model",
     "create_sequence_model",
     "generate",
     "load_timm_weights",
