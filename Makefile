@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 
 .PHONY: install data-deps quickstart test test-fast test-torch lint pages bench-peers bench-cpu bench-gpu bench-conversion \
-	bench-highres bench-seg clean
+	bench-highres bench-seg bench-recall2d clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -21,9 +21,17 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# Each process takes torch threads from the cores it may use, less its loader's workers (zoo.train.threads), and says
+# so in its first lines; OMP_NUM_THREADS or --set train.threads=N sets another number.
 quickstart: $(STAMP)
 	$(PY) tools/train.py recipes/quickstart.yaml --overwrite
 	$(PY) tools/eval.py runs/quickstart
+
+# The quickstart's training time (alone, beside one CPU-bound process, with OMP_NUM_THREADS=1) and its test top-1 over
+# three seeds, into benchmarks/cpu/quickstart.json (tools/zoo_bench/quickstart.py; it resumes from that file).
+.PHONY: bench-quickstart
+bench-quickstart: $(STAMP)
+	PYTHONPATH=tools $(PY) -m zoo_bench.quickstart --out benchmarks/cpu/quickstart.json
 
 # Debian packages that ship real DNA data (see zoo/data/_debian.py), extracted without root into ~/.cache/zoo/debian;
 # never fails: without apt the tests of those datasets skip and say why.
@@ -177,9 +185,17 @@ bench-highres: $(STAMP)
 
 # The segmentation comparison behind benchmarks/cpu/seg_megamnist_quick.md (tools/zoo_bench/seg_bench.py):
 # recipes/seg_megamnist_quick.yaml with softmax, window2d, window2d + global blocks, neighborhood, local, linear and
-# performer, 80 steps x 2 seeds each; one thread per run, so that runs on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
+# performer, and a plain CNN without attention, at the recipe's own steps x 2 seeds each; one thread per run, so that
+# runs on a shared machine time alike. It resumes from benchmarks/cpu/seg_megamnist_quick.json.
 bench-seg: $(STAMP)
 	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.seg_bench --out benchmarks/cpu/seg_megamnist_quick.md
+
+# The 2-D recall probe behind benchmarks/cpu/recall2d.md (tools/zoo_bench/recall2d.py): recipes/recall2d_quick.yaml
+# (find the framed query's twin across the image) with softmax, window2d, window2d + global blocks, neighborhood,
+# local, linear, performer and hedgehog, the same steps x 2 seeds each, one thread per run. It resumes from
+# benchmarks/cpu/recall2d.json.
+bench-recall2d: $(STAMP)
+	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.recall2d --out benchmarks/cpu/recall2d.md
 
 # Every folder that holds Python files (the benchmark code is tools/zoo_bench; benchmarks/ holds only results).
 lint: $(STAMP)

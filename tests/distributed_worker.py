@@ -11,9 +11,9 @@ The runs, in order, each named by its marker (`job` first):
   (tests/replica_worker.py); the records in OUT/replicas.json;
 - `convert`: tools/convert.py converts TEACHER (timm weights) to hedgehog at 64 px with STUDENT_RECIPE, 2 + 2 steps,
   into OUT/convert;
-- `train ddp first`, `train ddp second`, `train fsdp first`, `train fsdp second`: tools/train.py trains FSDP_RECIPE
-  under each strategy (fsdp with `model.grad_checkpointing=true`) 2 steps into OUT/train/<strategy>, stops, then
-  resumes (`--resume`) to step 4.
+- `train ddp first`, `train ddp second`, `train ddp straight`, then the same three of fsdp: tools/train.py trains
+  FSDP_RECIPE under each strategy (fsdp with `model.grad_checkpointing=true`) 2 steps into OUT/train/<strategy>, stops,
+  then resumes (`--resume`) to step 4; `straight` trains to step 4 without stopping, into OUT/train/<strategy>_straight.
 
 A tool's run is its own command line: its `main()` under `run_cli`, with `sys.argv` as a user types it. Before each
 run accelerate's state is forgotten; after it the log files that the run's `log_to` attached (and `run_cli`'s stderr
@@ -87,9 +87,10 @@ def train_runs(train: ModuleType, recipe: Path, out: Path) -> list[tuple[str, Ca
     """`(name, run)` of each tools/train.py run, in order."""
     runs = []
     for strategy, extra in TRAIN_STRATEGIES:
-        settings = ["--output", out / strategy, "--set", f"train.distributed={strategy}", *extra]
-        for part, steps, resume in (("first", 2, []), ("second", 4, ["--resume"])):
-            args = [recipe, *resume, *settings, f"train.max_steps={steps}"]
+        settings = ["--set", f"train.distributed={strategy}", *extra]
+        for part, steps, resume in (("first", 2, []), ("second", 4, ["--resume"]), ("straight", 4, [])):
+            folder = out / (f"{strategy}_straight" if part == "straight" else strategy)
+            args = [recipe, *resume, "--output", folder, *settings, f"train.max_steps={steps}"]
             runs.append((f"train {strategy} {part}", lambda args=args: run_tool(train, args)))
     return runs
 

@@ -10,10 +10,12 @@ the confusion matrix to <run>/confusion_<split>.png.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from zoo.cli import log_to, run_cli
 from zoo.evaluate import evaluation_lines, save_evaluation
+from zoo.train.threads import set_run_threads
 
 
 def parse_args() -> argparse.Namespace:
@@ -33,9 +35,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     run_dir = Path(args.run_dir)
+    threads = set_run_threads(run_dir)
     # a folder that is not a run gets nothing written into it: the error is one line on stderr
     if (run_dir / "recipe.yaml").is_file():
         log_to(run_dir / "eval.log")
+    logging.getLogger("zoo.evaluate").info(threads.line)
     result, path = save_evaluation(run_dir, checkpoint=args.checkpoint, split=args.split, output=args.output)
     print("\n".join(evaluation_lines(result, path)))
 

@@ -20,6 +20,7 @@ options nan and label_column); everything else is the run's own.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import yaml
 from zoo.cli import add_overrides, run_cli
 from zoo.hub.load import CHECKPOINTS, load_model
 from zoo.predict import format_of, predict, write_predictions
+from zoo.train.threads import set_run_threads
 
 
 def parse_args() -> argparse.Namespace:
@@ -72,6 +74,7 @@ def read_options(overrides: list[str]) -> dict:
 
 def main() -> None:
     args = parse_args()
+    logging.getLogger("zoo.predict").info(set_run_threads(args.run).line)
     options = read_options(args.overrides)
     if args.output:
         # a wrong suffix fails before the model runs

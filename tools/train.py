@@ -9,13 +9,17 @@ tools/train.py recipes/quickstart.yaml --resume                  # continue from
 tools/train.py recipes/quickstart.yaml --resume-from best        # when last is damaged
 tools/train.py recipes/ucr_acsf1_quick.yaml --test              # then its best checkpoint on the test split
 
-Errors are one line; the full traceback of any error goes to <run dir>/train.log (--debug prints it).
+Errors are one line; the full traceback of any error goes to <run dir>/train.log (--debug prints it). The first
+Ctrl-C (or SIGTERM) finishes the current step, saves checkpoints/last and prints the command that resumes; a second one
+stops at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from pathlib import Path
 
 from zoo.cli import add_overrides, log_to, run_cli
@@ -23,6 +27,7 @@ from zoo.config import load_recipe
 from zoo.evaluate import evaluation_lines, save_evaluation
 from zoo.hub.checkpoints import find_checkpoint
 from zoo.train.distributed import end_processes
+from zoo.train.loop import TrainingInterrupted
 from zoo.train.stages import train
 
 
@@ -55,6 +60,24 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def resume_command(run_dir: Path) -> str:
+    """This command line, continuing `run_dir` from checkpoints/last (a launcher's: the same launch with it)."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg in ("--overwrite", "--resume"):
+            skip = False
+            continue
+        skip = arg == "--resume-from"
+        if not skip and not arg.startswith("--resume-from="):
+            args.append(arg)
+    if "--output" not in args and not any(a.startswith("--output=") for a in args):
+        args += ["--output", str(run_dir)]
+    command = shlex.join([sys.executable, sys.argv[0], *args, "--resume"])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"the same launch of {shlex.join([sys.argv[0], *args, '--resume'])}"
+    return command
+
+
 def main() -> None:
     args = parse_args()
     recipe = load_recipe(args.recipe, args.overrides)
@@ -70,7 +93,10 @@ def main() -> None:
                 "or --output DIR"
             )
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    train(recipe, run_dir, resume=resume or False)
+    try:
+        train(recipe, run_dir, resume=resume or False)
+    except TrainingInterrupted as stop:
+        raise TrainingInterrupted(f"{stop}; resume with: {resume_command(run_dir)}", stop.signum) from None
     if args.test:
         print("\n".join(evaluation_lines(*save_evaluation(run_dir, split="test"))))
     # a launcher's process exits here, with status 0

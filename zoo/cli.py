@@ -3,7 +3,8 @@
 - A user error (a bad recipe, path, data file, checkpoint or weights file, a full disk, a missing package, a loss
   that turned NaN, out of GPU memory) prints `error: <what and where>` and exits 2.
 - Anything else is a bug in zoo: one line saying so and where its traceback was written, exit 1.
-- Ctrl-C prints `interrupted` and exits 130.
+- Ctrl-C prints `interrupted` and exits 130; a training run stopped by its first SIGINT or SIGTERM after saving
+  (`zoo.train._interrupt.TrainingInterrupted`) prints what it saved and how to resume, and exits 130 or 143.
 
 `--debug` on the command line (or `ZOO_DEBUG=1`) prints the full traceback of every error instead. Once a tool
 knows its run directory it calls `log_to(run_dir / "train.log")`: log records and the traceback of every error go
@@ -138,8 +139,8 @@ def run_cli(main: Callable[[], object]) -> None:
             _write_traceback(error)
         if _debug():
             raise
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        print(str(error) or "interrupted", file=sys.stderr)
+        sys.exit(getattr(error, "exit_code", 130))
     except Exception as error:
         user = _is_user_error(error)
         # a bug's traceback is always kept; a user error's only in the run's log (no temporary file per typo)

@@ -340,8 +340,8 @@ def _implicit_metrics(names: Sequence[str], num_classes: int) -> list[str]:
 
 def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -> None:
     """The first `count` images of a segmentation split beside their true and predicted masks, one row each, as a
-    PNG; the masks in `zoo.predict.mask_palette`'s colours (unlabelled pixels white) with the classes named in a
-    legend."""
+    PNG; each image as it was read (`shown_image`: the split's normalisation undone), the masks in
+    `zoo.predict.mask_palette`'s colours (unlabelled pixels white) with the classes named in a legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -366,8 +366,8 @@ def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -
     for row, ((image, mask), guess) in enumerate(zip(samples, predicted, strict=True)):
         truth = mask.clone()
         truth[(truth < 0) | (truth >= len(names))] = len(names)
-        picture = image.permute(1, 2, 0).numpy()  # [H, W, c]
-        axes[row][0].imshow(picture[..., 0] if picture.shape[-1] == 1 else picture.clip(0, 1), cmap="gray")
+        picture = shown_image(image, dataset).permute(1, 2, 0).numpy()  # [H, W, c]
+        axes[row][0].imshow(picture[..., 0] if picture.shape[-1] == 1 else picture, cmap="gray", vmin=0, vmax=1)
         axes[row][1].imshow(truth.numpy(), **shown)
         axes[row][2].imshow(guess.numpy(), **shown)
         for ax, title in zip(axes[row], ("image", "true", "predicted"), strict=True):
@@ -378,6 +378,17 @@ def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def shown_image(image: torch.Tensor, dataset: Dataset) -> torch.Tensor:
+    """`image` `[c, H, W]` as the file held it, in [0, 1]: the split's normalisation (its `mean` and `std`, timm's
+    preprocessing of the run) undone, where a figure that clipped the normalised tensor showed other colours."""
+    mean, std = (split_attribute(dataset, name) for name in ("mean", "std"))
+    if mean is None or std is None:
+        return image.clamp(0, 1)
+    shape = (-1, 1, 1)
+    mean, std = (torch.as_tensor(v, dtype=image.dtype).reshape(shape) for v in (mean, std))
+    return (image * std + mean).clamp(0, 1)
 
 
 def _report(

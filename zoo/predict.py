@@ -144,7 +144,7 @@ def predict(
     # a skipped input's warning goes above the bar, not into it
     with torch.no_grad(), bar, logging_redirect_tqdm():
         for metas, batch in _batches(items, batch_size):
-            logits = model(*(t.to(_device(model)) for t in batch)).float().cpu()
+            logits = model(*(_to(t, _device(model)) for t in batch)).float().cpu()
             masks = batch[1] if len(batch) > 1 else [None] * len(metas)
             for meta, out, mask in zip(metas, logits, masks, strict=True):
                 rows = task.prediction_rows(meta, out, mask, description, top_k)
@@ -231,6 +231,10 @@ def _read_options(options: Mapping[str, Any], kind: str, task: Task) -> dict[str
     return dict(options)
 
 
+def _to(batch: Tensor | dict[str, Tensor], device: torch.device) -> Tensor | dict[str, Tensor]:
+    return {k: v.to(device) for k, v in batch.items()} if isinstance(batch, dict) else batch.to(device)
+
+
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -270,6 +274,10 @@ def _batches(items: Iterable[Item], batch_size: int) -> Iterator[tuple[list[dict
 
 
 def _stack(tensors: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    if isinstance(tensors[0][0], dict):  # NaFlex patch sequences, padded to the longest
+        from .data.images.native import collate_patches
+
+        return (collate_patches([{**t[0], "label": 0} for t in tensors], labels=False),)
     if len(tensors[0]) == 1:
         return (torch.stack([t[0] for t in tensors]),)
     batch = PadCollate(pad_values={"x": 0, "mask": False})([{"x": x, "mask": mask} for x, mask in tensors])
@@ -336,6 +344,11 @@ def image_loader(model: nn.Module) -> ImageLoader:
     training data preprocess it. timm's route (`create_transform(**resolve_data_config(model=model))` on
     `PIL.Image.open(path).convert("RGB")`) gives the same tensor for 8-bit RGB files but clips 16-bit images and
     drops alpha instead of compositing it on black."""
+    native = (getattr(model, "zoo_run", None) or {}).get("naflex")
+    if native:  # a NaFlex run reads each image at its own size (zoo.data.images.native)
+        from .data.images.native import NativeLoader
+
+        return NativeLoader(native, model.zoo_run["sizes"]["in_chans"])
     return ImageLoader(model)
 
 

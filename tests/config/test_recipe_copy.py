@@ -115,6 +115,8 @@ def _own_data(root: Path) -> dict[str, Path]:
 # a recipe's dataset -> the one its copy trains on (name, root key of _own_data or None, options)
 _CHANGES = {
     "megamnist": ("folder", "images", None),
+    "native_megamnist": ("native_folder", "images", None),
+    "recall2d": ("folder", "images", None),
     "genomes": ("fasta", "dna", {"window": 2048}),
     "splice": ("fasta", "dna", {"window": 60}),
     "ucr": ("csv", "series", None),
@@ -154,6 +156,8 @@ def test_every_shipped_recipe_copied_with_another_dataset_trains_a_step(tmp_path
             # the recipe's depth stays (window2d_global's global blocks are indices into it)
             tiny = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", *tiny[3:]]
             tiny += ["model.num_heads=2", "model.pretrained=false"]
+        if loaded.model.kind == "naflex":  # the folder's patches are the model's
+            tiny += [f"data.options.patch_size={loaded.model.naflex.patch_size}"]
         recipe = load_recipe(copy, tiny)
         assert recipe.data.name == dataset, name
         reset_accelerate()

@@ -119,3 +119,20 @@ def test_torchrun_converts_on_two_processes_as_training_does(distributed_runs):
     assert conversion["stage1"]["steps"] == 2 and conversion["stage2"]["steps"] == 2
     reset_accelerate()
     assert [type(b.attn).attention_name for b in zoo.load_model(run_dir).blocks] == ["hedgehog", "hedgehog"]
+
+
+def test_a_teacher_that_is_not_softmax_is_named_in_a_warning(files, tmp_path, caplog):
+    # a Performer-trained ViT as the teacher: the student would learn Performer's approximation, not softmax
+    teacher = zoo.create_model(
+        "vit_tiny_patch16_224", img_size=32, in_chans=1, num_classes=10, attention="performer", **TEACHER_SIZES
+    )
+    zoo.save_pretrained(teacher, tmp_path / "performer")
+    recipe = load_recipe(files["recipe"], ["model.attention={name: linear}"])
+    for source, warned in ((tmp_path / "performer", True), (files["weights"], False)):
+        caplog.clear()
+        reset_accelerate()
+        with caplog.at_level("WARNING", logger="zoo.convert.run"):
+            convert_run(source, recipe, stage1_steps=0, stage2_steps=0, eval_split=None)
+        expected = f"teacher {source} uses 'performer' attention in 2 of its 2 blocks, not softmax"
+        assert (expected in caplog.text) is warned, caplog.text
+        assert ("not softmax" in caplog.text) is warned

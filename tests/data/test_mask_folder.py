@@ -15,6 +15,8 @@ from PIL import Image
 
 from zoo.data import DataContext, build_dataset, collate_for
 from zoo.data._interface import IGNORE_INDEX
+from zoo.data.images import mask_folder as mask_folder_module
+from zoo.evaluate import plot_masks, shown_image
 
 pytestmark = pytest.mark.usefixtures("no_network")
 
@@ -200,3 +202,48 @@ def test_the_most_frequent_class_baseline_scores_as_torchmetrics_does(tmp_path):
     }
     scores = val.baselines(train)["most_frequent_class"]
     assert scores == pytest.approx(expected, abs=1e-6) and 0.3 < scores["pixel_accuracy"] < 0.45
+
+
+@pytest.mark.parametrize(
+    ("spoil", "match"),
+    [
+        (lambda masks: write_mask(masks / "3.png", np.zeros((5, 6))), r"mask .*3\.png is 6x5 pixels, its .*12x10"),
+        (lambda masks: Image.new("RGB", (12, 10), (200, 0, 0)).save(masks / "3.png"), r"3\.png is an RGB image"),
+        (lambda masks: Image.new("F", (12, 10)).save(masks / "3.tif"), r"3\.tif has the PIL mode 'F'"),
+    ],
+    ids=["size", "rgb", "float"],
+)
+def test_a_bad_mask_stops_the_split_when_it_is_built_before_any_pair_is_read(tmp_path, monkeypatch, spoil, match):
+    root = mask_tree(tmp_path / "masks", per_split=4)
+    masks = root / "train" / "masks"
+    (masks / "3.png").unlink()
+    spoil(masks)
+    read, real = [], mask_folder_module.read_mask
+    monkeypatch.setattr(mask_folder_module, "read_mask", lambda path: read.append(path) or real(path))
+    with pytest.raises(ValueError, match=match + r".*on_bad_image: skip leaves such pairs out"):
+        build(root, num_classes=3)
+    # only the header was looked at, but for the RGB mask, read whole to tell grey from colours
+    assert all(Path(path).name.startswith("3.") for path in read)
+    # the other splits build
+    assert len(build(root, "val", num_classes=3)) == 4
+
+
+def test_the_evaluation_figure_shows_the_image_as_it_was_read(tmp_path):
+    # navy and orange, normalised with ImageNet's mean and std: clipped to [0, 1], navy showed black and orange yellow
+    colours = {"navy": (0, 0, 128), "orange": (255, 165, 0)}
+    for name, rgb in colours.items():
+        write_pair(tmp_path, name, np.zeros((16, 16), dtype=np.int64), image=np.full((16, 16, 3), rgb, np.uint8))
+    dataset = build(tmp_path, "train", num_classes=2, val_fraction=0, test_fraction=0)
+    for index, (name, _) in enumerate(sorted(dataset.samples)):
+        expected = torch.tensor(colours[Path(name).stem], dtype=torch.float32).reshape(3, 1, 1) / 255
+        shown = shown_image(dataset[index][0], dataset)
+        torch.testing.assert_close(shown, expected.expand(3, 16, 16), atol=1e-6, rtol=0)
+
+    class Background(torch.nn.Conv2d):
+        def forward(self, images):  # [n, 2, H, W]: class 0 everywhere
+            return torch.stack([torch.ones_like(images[:, 0]), torch.zeros_like(images[:, 0])], 1)
+
+    plot_masks(Background(3, 2, 1), dataset, tmp_path / "masks.png")
+    pixels = np.asarray(Image.open(tmp_path / "masks.png").convert("RGB")).reshape(-1, 3)
+    for rgb in colours.values():
+        assert (pixels == rgb).all(1).sum() > 1000, rgb

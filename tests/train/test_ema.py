@@ -94,12 +94,20 @@ def test_validation_and_load_model_use_the_average(tmp_path, monkeypatch, reques
     raw_model = zoo.load_model(tmp_path / "run" / "checkpoints" / "best" / "model.safetensors")
     raw_metrics = validation_metrics(raw_model, trainer)
     assert record["val_loss"] != pytest.approx(raw_metrics["loss"], rel=1e-5)
+    # the record names the weights val_* scored, and scores the raw ones too, as evaluated here
+    assert record["weights"] == "ema"
+    assert record["raw_val_loss"] == pytest.approx(raw_metrics["loss"], rel=1e-5)
+    assert record["raw_val_top1"] == pytest.approx(raw_metrics["top1"])
 
 
 def test_raw_evaluation_and_resume_continue_the_average(tmp_path, monkeypatch, request):
     hide_cuda(monkeypatch, request)
     recipe = ema_recipe(evaluate="raw")
     trainer, _ = train_recording(tmp_path, monkeypatch, recipe)
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["weights"] == "raw"
+    ema_metrics = validation_metrics(trainer.ema.module, trainer)
+    assert record["ema_val_loss"] == pytest.approx(ema_metrics["loss"], rel=1e-5) != record["val_loss"]
     # evaluate raw: load_model reads the optimizer's own weights
     loaded = zoo.load_model(tmp_path / "run", checkpoint="last")
     for key, value in loaded.named_parameters():

@@ -198,10 +198,62 @@ def _conversion(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _quickstart(data: dict[str, Any]) -> list[str]:
+    """The quickstart study (zoo_bench.quickstart): its test top-1 over seeds, then each run's time."""
+    protocol, records = data["protocol"], data["records"]
+    full = [r for r in records if r["setting"] == "policy" and r["steps"] == max(x["steps"] for x in records)]
+    lines = [
+        f"`{protocol['recipe']}` as `make quickstart` runs it, on {protocol['cores']} cores shared with other jobs "
+        f"(each run's load average before and after). Test top-1 % over seeds {', '.join(str(r['seed']) for r in full)}"
+        f": {percent_mean_std([r['test_top1'] for r in full])} (mean ± std; chance "
+        f"{100 * protocol['trivial_baseline_top1']:.0f}).",
+        "",
+    ]
+    base = next((r for r in records if r["setting"] == "policy" and r["max_steps"] == protocol["timing_steps"]), None)
+    rows = []
+    for r in records:
+        ratio = f"{r['step_s'] / base['step_s']:.2f}x" if base and r["max_steps"] == base["max_steps"] else ""
+        rows.append([
+            r["setting"], str(r["seed"]), str(r["steps"]), f"{r['train_wall_s']:.0f}",
+            "-" if r["train_cpu_s"] is None else f"{r['train_cpu_s']:.0f}",
+            f"{r['step_s']:.3g}", ratio, (r["threads"] or "-").removeprefix("threads: ").split(" (")[0],
+            f"{r['load_before']:.1f} / {r['load_after']:.1f}", f"{100 * r['test_top1']:.1f}",
+        ])  # fmt: skip
+    header = ["setting", "seed", "steps", "wall s", "CPU s", "step s", "step / policy's", "threads", "load", "top-1 %"]
+    notes = [f"- {protocol[key]}" for key in ("timing", "machine", "cpu_note") if protocol.get(key)]
+    settings = [f"- `{k}`: {v}" for k, v in protocol["settings"].items()]
+    return [*lines, *_table(header, rows), "", *settings, *notes]
+
+
+def _naflex(data: dict[str, Any]) -> list[str]:
+    """Native resolution against resize-to-square at one token budget (zoo_bench.naflex)."""
+    proto, rows = data["protocol"], []
+    for attention in proto["attentions"]:
+        for mode in proto["resize"]:
+            runs = [r for r in data["runs"] if (r["attention"], r["resize"]) == (attention, mode) and "test" in r]
+            if runs:
+                rate = sum(r.get("valid_tokens_per_s", 0) for r in runs) / len(runs)
+                per_cpu = data["summary"].get(f"{attention} {mode}", {}).get("trained_tokens_per_cpu_s", float("nan"))
+                top1 = percent_mean_std([r["test"]["top1"] for r in runs])
+                tokens = proto["tokens"][mode]["valid_tokens_per_sample"]
+                rows.append([f"`{attention}`", mode, top1, f"{tokens:.1f}", f"{rate:.0f}", f"{per_cpu:.0f}"])
+    header = [
+        "attention", "resize", "test top-1 % (mean ± std)", "patches / image", "patches / s (wall)", "patches / CPU s"
+    ]  # fmt: skip
+    text = (
+        f"`{proto['recipe']}` with {' '.join(proto['sets'])}: each image at its own size (native) or squashed to the "
+        f"square grid (square), within the same budget; seeds {proto['seeds']}; most frequent class "
+        f"{100 * data['trivial_top1']:.1f} %."
+    )
+    return [text, "", *_table(header, rows)]
+
+
 def _reader(data: Any, path: str) -> Callable[[dict[str, Any]], list[str]] | None:
     """The section writer for a file, by what it holds; None: listed only."""
     if not isinstance(data, dict):
         return None
+    if path.endswith("naflex.json"):
+        return _naflex
     records = data.get("records") or [{}]
     if path.endswith("recall_speed.json"):
         return _recall_speed
@@ -219,6 +271,8 @@ def _reader(data: Any, path: str) -> Callable[[dict[str, Any]], list[str]] | Non
         return _segmentation
     if "rows" in data and "teacher" in data:
         return _conversion
+    if "protocol" in data and "setting" in records[0]:
+        return _quickstart
     return None
 
 

@@ -303,6 +303,9 @@ class TrainConfig:
     # true: accelerate's set_seed(seed, deterministic=True), torch's deterministic algorithms (an op without one
     # raises); the same recipe and seed then give the same weights on the same machine
     deterministic: bool = False
+    # torch's intra-op threads in each process (null: OMP_NUM_THREADS where set, else this process's share of the
+    # cores less the data loader's workers; zoo.train.threads)
+    threads: int | None = bounded(None, min=1)
 
     @property
     def compile_mode(self) -> str | None:

@@ -96,6 +96,7 @@ def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool
             raise ValueError(f"teacher {source} is a {type(teacher).__name__}: tools/convert.py converts ViT runs")
         if tuple(teacher.patch_embed.img_size) != (size, size):
             teacher = load_model(source, img_size=size)
+        _warn_unless_softmax(teacher, source)
         return teacher, teacher.num_classes == task.num_outputs(sizes)
     softmax = dataclasses.replace(recipe.model.attention, name="softmax", options={})
     model = recipe.model.replace(attention=softmax, global_blocks=[])
@@ -103,6 +104,27 @@ def _teacher(source: Path, recipe: Recipe, sizes, task) -> tuple[nn.Module, bool
     teacher = kind.build(dataclasses.replace(recipe, model=model), sizes, task)
     report = load_state_dict_into(teacher, read_weights(source), str(source))
     return teacher.eval(), not any(key.startswith("head") for key in report.dropped_keys)
+
+
+def teacher_attentions(teacher: nn.Module) -> list[str]:
+    """The attention of each of `teacher`'s blocks, by name (`softmax` for a block without a zoo attention)."""
+    return [getattr(getattr(block, "attn", None), "attention_name", "softmax") for block in teacher.blocks]
+
+
+def _warn_unless_softmax(teacher: nn.Module, source: Path) -> None:
+    """Conversion imitates a softmax teacher's attention maps: a teacher trained with another attention passes its
+    own approximation on, which is rarely what was meant, so the run says so (and goes on)."""
+    names = teacher_attentions(teacher)
+    other = sorted({name for name in names if name != "softmax"})
+    if other:
+        _logger.warning(
+            "teacher %s uses %s attention in %d of its %d blocks, not softmax: the student learns to imitate that "
+            "attention, not exact softmax (convert a softmax-trained ViT for that)",
+            source,
+            " and ".join(repr(name) for name in other),
+            sum(name != "softmax" for name in names),
+            len(names),
+        )
 
 
 def stage_recipe(recipe: Recipe, stage: str, steps: int, lr: float, log_every: int = 0) -> Recipe:

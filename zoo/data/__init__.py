@@ -11,6 +11,8 @@ A dataset module calls ``register_dataset``; this file imports it, and the impor
 from .images import megamnist  # noqa: F401
 from .images import folder  # noqa: F401
 from .images import mask_folder  # noqa: F401
+from .images import recall2d  # noqa: F401
+from .images import native  # noqa: F401
 from .dna import packaged  # noqa: F401
 from .dna import fasta  # noqa: F401
 from .series import classification  # noqa: F401

@@ -14,7 +14,12 @@ task's validation score, or the last evaluation's under `train.validate: false`,
 `train.log_with: tensorboard` TensorBoard's files in `logs/` (any `train.log_with` tracker gets the evaluations and,
 every `train.log_every_steps`, the loss, learning rate and samples/s; samples/s counts the steps after the run's
 first, which compiles and warms up). A checkpoint is written to a temporary directory and renamed into place, so a
-crash never leaves a partial checkpoint where a good one was.
+crash never leaves a partial checkpoint where a good one was. The first SIGINT or SIGTERM finishes the current step,
+writes `checkpoints/last` and raises `TrainingInterrupted` (`zoo.train._interrupt`); a resumed run ends with the bytes
+of an uninterrupted one (each loader draws from a generator of its own, `zoo.splits.seed_loader`, never from the one
+the model's drop path draws from). A run's first lines say how it runs and which habits are on
+(`zoo.train._announce`); each evaluation record names the weights it scored (`weights`: raw or ema; under
+`train.ema` the other weights' scores as `<raw|ema>_val_*`).
 
 The splits and their loaders come from `zoo.splits`, the evaluation loop from `zoo.train.eval_loop`, what a run
 reports (tracker, progress bar, `metrics.jsonl`) from `zoo.train._tracking`, `train.compile` (torch.compile through
@@ -36,6 +41,7 @@ import logging
 import math
 import pickle
 import shutil
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -61,9 +67,11 @@ from ..hub.checkpoints import (
     write_manifest,
 )
 from ..hub.runs import copy_run_files, write_description
-from ..splits import build_loader
+from ..splits import build_loader, seed_loader
+from ._announce import run_lines, scored_weights
 from ._compile import StepTimes, plain_state_dict_keys
 from ._ema import ModelEma
+from ._interrupt import StopSignals, TrainingInterrupted
 from ._mixup import training_objective
 from ._objective import Objective
 from ._schedule import build_scheduler
@@ -80,7 +88,7 @@ from .distributed import (
 from .eval_loop import evaluate_loader
 from .parts import RunParts, build_parts
 
-__all__ = ["NonFiniteError", "TrainState", "Trainer", "nonfinite_batches", "resume_from"]
+__all__ = ["NonFiniteError", "TrainState", "Trainer", "TrainingInterrupted", "nonfinite_batches", "resume_from"]
 
 _logger = logging.getLogger(__name__)
 
@@ -182,6 +190,7 @@ class Trainer:
         self.num_classes = self.task.num_outputs(parts.sizes)
         self.objective = objective or training_objective(self.kind, self.task, cfg, self.num_classes)
         self.description = parts.description
+        self.threads = parts.threads
         module = self.objective.module(parts.model)
         optimizer = create_optimizer_v2(
             module,
@@ -218,6 +227,9 @@ class Trainer:
         # set once the replicas were compared after this process's first optimizer step
         self._replicas_compared = False
         self.step_times = StepTimes()
+        # SIGINT / SIGTERM while fit runs: the signal that asked to stop after the current step (zoo.train._interrupt)
+        self._signals = StopSignals()
+        self._stop: int | None = None
         self.selection, self.higher_is_better = self.task.selection_metric(recipe.metrics)
         self.accelerator.register_for_checkpointing(self.state)
 
@@ -292,15 +304,33 @@ class Trainer:
             write_description(self.run_dir, self.description)
         if self.recipe.train.log_with:
             self.accelerator.init_trackers(self.recipe.name, config=flat_config(self.recipe))
-        if self.resume:
-            self.restore()
-        elif self.state.pretrained:
-            self.save("last")  # the pretrained weights at step 0: a resume from here does not pretrain again
+        self._announce()
+        with self._signals:
+            if self.resume:
+                self.restore()
+            elif self.state.pretrained:
+                self.save("last")  # the pretrained weights at step 0: a resume from here does not pretrain again
+            last_eval = self._train_and_evaluate()
+        self._finish(last_eval)
+        return last_eval
+
+    def _train_and_evaluate(self) -> dict:
+        """The epochs, each evaluated and checkpointed when due; a signal (`zoo.train._interrupt`) stops them after a
+        step, with `checkpoints/last` written there, as `TrainingInterrupted`."""
         last_eval: dict = {}
         while self.state.epoch < self.recipe.train.epochs and self.state.step < self.total_steps:
             train_loss, samples_per_s = self.train_epoch()
             epoch_done = self.state.batch_in_epoch == 0
-            due = self.state.epoch % self.recipe.train.eval_every_epochs == 0 or self.state.step >= self.total_steps
+            finished = self.state.step >= self.total_steps
+            due = self.state.epoch % self.recipe.train.eval_every_epochs == 0 or finished
+            if self._stop is not None and not finished:
+                # the evaluation an uninterrupted run makes at this epoch's end, so that the resumed run's
+                # metrics.jsonl and best are that run's; mid-epoch only the checkpoint
+                if epoch_done and due:
+                    self._evaluate_and_checkpoint(train_loss, samples_per_s)
+                else:
+                    self.save("last")
+                raise self._interrupted()
             if due or not epoch_done:
                 last_eval = self._evaluate_and_checkpoint(train_loss, samples_per_s)
                 stop = early_stop_reason(self.recipe.train.early_stopping, self.state.evals_since_best, self.selection)
@@ -308,8 +338,28 @@ class Trainer:
                     _logger.info(stop)
                     self.accelerator.print(stop)
                     break
-        self._finish(last_eval)
+                # a signal during the evaluation: its checkpoint is written
+                self._stop = self._signals.requested(self.accelerator)
+                if self._stop is not None and not finished:
+                    raise self._interrupted()
         return last_eval
+
+    def _interrupted(self) -> TrainingInterrupted:
+        """The error that ends a run stopped by signal `self._stop`, its checkpoint written."""
+        name = signal.Signals(self._stop).name
+        where = self.run_dir / "checkpoints" / "last"
+        message = f"{name}: stopped after step {self.state.step} of {self.total_steps}, saved in {where}"
+        _logger.warning(message)
+        return TrainingInterrupted(message, self._stop)
+
+    def _announce(self) -> None:
+        """The run's first lines (zoo.train._announce): device, precision, threads and the habits in force."""
+        lines = run_lines(
+            self.recipe, self.accelerator, self.threads, steps=self.total_steps, steps_per_epoch=self.steps_per_epoch
+        )
+        if self.is_main:
+            for line in lines:
+                _logger.info(line)
 
     def train_epoch(self) -> tuple[float, float]:
         """Extension point: one epoch of `train_batch` (or what is left of it after a resume), without the evaluation
@@ -317,6 +367,7 @@ class Trainer:
         acc, cfg = self.accelerator, self.recipe.train
         self.model.train()
         self.train_loader.set_epoch(self.state.epoch)
+        seed_loader(self.train_loader, self.recipe.seed, self.state.epoch)
         skip = self.state.batch_in_epoch
         loader = acc.skip_first_batches(self.train_loader, skip) if skip else self.train_loader
         bar = progress_bar(
@@ -353,6 +404,9 @@ class Trainer:
                 log_step(acc, bar, self.state.step, loss=loss.item(), lr=self._lr(), samples_per_s=rate)
             if cfg.checkpoint_every_steps and self.state.step % cfg.checkpoint_every_steps == 0:
                 self.save("last")
+            self._stop = self._signals.requested(acc)
+            if self._stop is not None:
+                break
             # the next step's time starts here: logging and checkpoints are not a step's
             tick = time.perf_counter()
             if self.state.step >= self.total_steps or self.state.batch_in_epoch >= self.batches_per_epoch:
@@ -451,6 +505,7 @@ class Trainer:
 
     def _evaluate_and_checkpoint(self, train_loss: float, samples_per_s: float) -> dict:
         metrics = self._validate()
+        others = self._validate_other_weights() if metrics else {}
         record = {
             # the epoch as the progress bar numbers it: one that train.max_steps stopped part-way counts
             "epoch": self.state.epoch + int(self.state.batch_in_epoch > 0),
@@ -461,6 +516,11 @@ class Trainer:
             **self.objective.metrics(self.accelerator),
             **{f"val_{k}": v for k, v in metrics.items() if not isinstance(v, list)},
         }
+        if metrics:
+            # the weights val_* scored (and that pick checkpoints/best); under train.ema the other ones' as <them>_val_*
+            record["weights"] = scored_weights(self.recipe)
+            for weights, scores in others.items():
+                record.update({f"{weights}_val_{k}": v for k, v in scores.items() if not isinstance(v, list)})
         log_eval(self.accelerator, self.run_dir, record)
         if self.val_loader is None:
             # nothing to choose by: the latest weights are the best there are
@@ -479,14 +539,26 @@ class Trainer:
             self.save("last")
         return record
 
+    def _weights(self) -> dict[str, nn.Module]:
+        """The weights validation may score, by name: `raw` (the optimizer's), `ema` under train.ema."""
+        return {"raw": self.model, **({"ema": self.ema.module} if self.ema is not None else {})}
+
     def _validate(self) -> dict[str, Any]:
-        """The validation split's metrics; none under train.validate false."""
+        """The validation split's metrics of the weights that pick checkpoints/best (train.ema.evaluate: the average or
+        the raw weights); none under train.validate false."""
         if self.val_loader is None:
             return {}
-        ema = self.recipe.train.ema
+        return self._score(self._weights()[scored_weights(self.recipe)])
+
+    def _validate_other_weights(self) -> dict[str, dict[str, Any]]:
+        """Under train.ema, the other weights' validation metrics by their name (`raw` or `ema`), as timm's training
+        script reports both."""
+        scored = scored_weights(self.recipe)
+        return {name: self._score(model) for name, model in self._weights().items() if name != scored}
+
+    def _score(self, model: nn.Module) -> dict[str, Any]:
         return evaluate_loader(
-            # train.ema.evaluate ema: the average is scored, and so picks checkpoints/best
-            self.ema.module if self.ema is not None and ema.evaluate == "ema" else self.model,
+            model,
             self.val_loader,
             self.accelerator,
             task=self.task,

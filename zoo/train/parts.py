@@ -26,6 +26,7 @@ from ..tasks import Task
 from ._compile import dynamo_plugin
 from ._tracking import tracker_name
 from .distributed import build_accelerator
+from .threads import ThreadPolicy, set_threads
 
 if TYPE_CHECKING:
     from ..config import Recipe
@@ -60,12 +61,16 @@ class RunParts:
     sizes: ModelSizes
     model: nn.Module
     description: dict[str, Any]
+    # the intra-op threads this process runs (zoo.train.threads), chosen first
+    threads: ThreadPolicy | None = None
 
 
 def build_parts(recipe: Recipe, run_dir: Path, model: nn.Module | None = None) -> RunParts:
     """The parts of `recipe`'s run into `run_dir`, around `model` (default: the one the recipe builds). The seed is
-    set before the splits and the model are built: the same recipe builds the same parts."""
+    set before the splits and the model are built: the same recipe builds the same parts. Torch's threads are set
+    first (`zoo.train.threads`: train.threads, OMP_NUM_THREADS, else this process's share of the cores)."""
     cfg = recipe.train
+    threads = set_threads(cfg.threads, recipe.data.num_workers)
     accelerator = build_accelerator(
         cfg.distributed,
         # accelerate takes the gloo data-parallel path under torchrun only when told it runs on the CPU
@@ -89,4 +94,4 @@ def build_parts(recipe: Recipe, run_dir: Path, model: nn.Module | None = None) -
     sizes = sizes_of(recipe, train_set)
     model = kind.build(recipe, sizes, task) if model is None else model
     description = describe_model(recipe, train_set, task, sizes)
-    return RunParts(accelerator, kind, task, train_set, val_set, sizes, model, description)
+    return RunParts(accelerator, kind, task, train_set, val_set, sizes, model, description, threads)

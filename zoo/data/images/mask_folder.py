@@ -18,7 +18,10 @@ that names the first few; other files and hidden ones are counted as ``folder`` 
 mask of another size than its image, a class value that is neither a class nor the ignore value, a mask of colours
 (RGB) and an unreadable file are each an error naming the file (``data.options.mask_size: resize`` resizes such
 masks to their image instead, nearest neighbour; ``on_bad_image: skip`` reads every pair when the split is built
-and leaves the failing ones out, counted).
+and leaves the failing ones out, counted). Every pair's sizes and mask mode are checked when the split is built, from
+the files' headers (PIL opens lazily: thousands of pairs in seconds; an RGB mask is read whole, to tell grey from
+colours), so that such a pair stops the run before training rather than at the step that draws it; a class value
+outside the classes is found when its mask is read.
 """
 
 from __future__ import annotations
@@ -96,6 +99,30 @@ def read_mask(path: str) -> np.ndarray:
             "save masks as palette (P) or grey (L) PNGs whose pixel values are the class indices"
         )
     raise MaskError(f"mask {path} has the PIL mode {mask.mode!r}; masks are palette (P) or grey (L, I;16) images")
+
+
+def _oriented(image: Image.Image) -> tuple[int, int]:
+    """`(width, height)` of an opened (not decoded) image once its EXIF orientation is applied, as reading it does."""
+    width, height = image.size
+    # orientations 5 to 8 turn the picture by a quarter
+    return (height, width) if image.getexif().get(0x0112, 1) in (5, 6, 7, 8) else (width, height)
+
+
+def _header_reason(error: Exception) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "no such file"
+    if isinstance(error, Image.UnidentifiedImageError):
+        return "not an image file PIL can read"
+    return f"cannot read its header ({type(error).__name__}: {first_line(error, '')})"
+
+
+def _header_size(path: str) -> tuple[int, int]:
+    """`(width, height)` of the image at `path` as it reads, from its header; an ImageError naming the file."""
+    try:
+        with Image.open(path) as image:
+            return _oriented(image)
+    except Exception as error:  # PIL's decoders fail with many types; each is this file's fault
+        raise ImageError(path, _header_reason(error)) from error
 
 
 def _resized(mask: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -218,6 +245,8 @@ class MaskFolderDataset(Dataset):
             self.samples = self.samples if kept is None else [self.samples[i] for i in kept]
         if on_bad_image == "skip":
             self.samples = self._readable(self.samples, where)
+        else:
+            self._check_headers(self.samples, where)
         self.transform = PairTransform(
             img_size, is_training=is_training, in_chans=in_chans, mean=self.mean, std=self.std
         )
@@ -280,6 +309,38 @@ class MaskFolderDataset(Dataset):
             hint = "; data.options.on_bad_image: skip leaves such pairs out" if self.on_bad_image == "error" else ""
             what = "mask" if error.path == mask_path else "image"
             raise BadImageError(f"{what} {error}{hint}") from None
+
+    def _header_problem(self, image_path: str, mask_path: str) -> str | None:
+        """What is wrong with a pair by its files' headers (sizes, mask mode), else None."""
+        try:
+            width, height = _header_size(image_path)
+        except ImageError as error:
+            return f"image {error}"
+        try:
+            with Image.open(mask_path) as mask:
+                mode, (mask_width, mask_height) = mask.mode, _oriented(mask)
+        except Exception as error:  # PIL's decoders fail with many types; each is this file's fault
+            return f"mask {ImageError(mask_path, _header_reason(error))}"
+        if mode not in _INDEX_MODES:
+            try:
+                read_mask(mask_path)  # colours, or a mode that holds no indices; an RGB mask of one grey passes
+            except ValueError as error:
+                return str(error)
+        if (mask_width, mask_height) != (width, height) and self.mask_size == "error":
+            return (
+                f"mask {mask_path} is {mask_width}x{mask_height} pixels, its image {image_path} {width}x{height}; "
+                "data.options.mask_size: resize resizes masks to their image"
+            )
+        return None
+
+    def _check_headers(self, samples: list[tuple[str, str]], where: str) -> None:
+        """Every pair's sizes and mask mode, from the headers (in threads): a MaskError naming the first pair that
+        does not fit, and how many do not."""
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            problems = [text for text in pool.map(lambda pair: self._header_problem(*pair), samples) if text]
+        if problems:
+            more = f" ({len(problems)} of the {len(samples)} pairs of {where} do not fit)" if len(problems) > 1 else ""
+            raise MaskError(f"{problems[0]}{more}; data.options.on_bad_image: skip leaves such pairs out")
 
     def _readable(self, samples: list[tuple[str, str]], where: str) -> list[tuple[str, str]]:
         """The pairs that read and fit (every one read once, in threads); the others counted in a warning."""
