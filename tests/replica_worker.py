@@ -59,8 +59,12 @@ DATA = {
     "listops": ["data.options.min_length=20", "data.options.max_length=40", *GENERATED],
     "pathfinder": ["data.options.resolution=32", *GENERATED],
     "recall2d": ["model.img_size=64", "data.options.grid=4", "data.options.min_distance=2", *GENERATED],
-    "native_megamnist": ["data.options.sides=[48, 64]", "data.options.digit_size=12", "data.options.max_tokens=64",
-                         *GENERATED],
+    "native_megamnist": [
+        "data.options.sides=[48, 64]",
+        "data.options.digit_size=12",
+        "data.options.max_tokens=64",
+        *GENERATED,
+    ],
     "genomes": ["data.options.window=256"],
     "yeast_coding": ["data.options.window=256"],
 }
