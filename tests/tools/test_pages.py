@@ -2,6 +2,7 @@
 per machine with an index, README.md's "choosing an attention" table, and a number two pages show reads the same on
 both."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,17 @@ def test_written_pages_are_current_and_a_changed_one_is_named(tmp_path):
     assert pages.stale_pages(tmp_path) == []
     (tmp_path / "docs" / "results" / "cpu.md").write_text("edited by hand\n")
     assert pages.stale_pages(tmp_path) == ["docs/results/cpu.md"]
+
+
+def test_every_relative_link_of_the_markdown_pages_reaches_a_file():
+    """A link on README.md or a docs/ page (generated or written by hand) to a file of the repository that does not
+    exist is a dead end for the reader: every relative target must be there."""
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    pages_read = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    missing = [
+        f"{page.relative_to(REPO)} -> {target}"
+        for page in pages_read
+        for target in link.findall(page.read_text())
+        if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
+    ]
+    assert not missing, "links to missing files:\n" + "\n".join(missing)

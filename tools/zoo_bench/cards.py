@@ -62,6 +62,14 @@ class Column:
     cell: Callable[[list[dict[str, Any]], str], Fact | None]
 
 
+def _linked(text: str, report: str) -> str:
+    """`text` linked to the report, or with "not yet written" where the study that writes it has not run (a
+    link to a missing file would be a dead end on the page)."""
+    if (REPO_ROOT / report).exists():
+        return f"[{text}](../{report})"
+    return f"{text} (not yet written)" if text == report else text
+
+
 # ----- the cells
 
 
@@ -513,7 +521,7 @@ def pick_this_when(name: str, facts: dict[str, Fact | None]) -> str:
 def cards_markdown() -> str:
     names = list_attentions()
     facts = {name: variant_facts(name) for name in names}
-    header = ["variant", *(f"[{c.title}](../{c.link})" for c in COLUMNS)]
+    header = ["variant", *(_linked(c.title, c.link) for c in COLUMNS)]
     lines = [
         "# One card per attention variant",
         "",
@@ -532,7 +540,7 @@ def cards_markdown() -> str:
     lines += ["", "## Pick this when", ""]
     lines += [f"- `{name}`: {pick_this_when(name, facts[name])}." for name in names]
     lines += ["", "## The columns", ""]
-    lines += [f"- **{c.title}** ([{c.link}](../{c.link})): {c.what}." for c in COLUMNS]
+    lines += [f"- **{c.title}** ({_linked(c.link, c.link)}): {c.what}." for c in COLUMNS]
     lines += ["", "## The rules behind “pick this when”", ""]
     lines += [f"- {rule.column} {rule.threshold}." for rule in RULES]
     lines += [
