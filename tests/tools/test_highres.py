@@ -5,16 +5,17 @@ from pathlib import Path
 
 from zoo.config import load_recipe
 from zoo_bench import highres
+from zoo_bench._study import layout_sets
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_layout_is_a_valid_recipe_with_its_attention_and_global_blocks():
     for name, layout in highres.LAYOUTS.items():
-        recipe = load_recipe(highres.RECIPE, highres._sets(layout))
+        recipe = load_recipe(highres.RECIPE, layout_sets(layout))
         assert recipe.model.attention.name == layout["attention"], name
         assert recipe.model.attention.options == layout["options"], name
-    vitdet = load_recipe(highres.RECIPE, highres._sets(highres.LAYOUTS["window2d + global [2, 5]"]))
+    vitdet = load_recipe(highres.RECIPE, layout_sets(highres.LAYOUTS["window2d + global [2, 5]"]))
     assert vitdet.model.global_blocks == [2, 5] and vitdet.model.global_attention.name == "softmax"
 
 

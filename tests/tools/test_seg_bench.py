@@ -9,16 +9,17 @@ from helpers import sweep_runs_here
 
 from zoo.config import load_recipe
 from zoo_bench import seg_bench
+from zoo_bench._study import layout_sets
 
 
 def test_every_layout_is_a_valid_recipe_with_its_attention_and_global_blocks():
     warmup = load_recipe(seg_bench.RECIPE).schedule.warmup_steps
     for name, layout in seg_bench.LAYOUTS.items():
-        recipe = load_recipe(seg_bench.RECIPE, [*seg_bench.SWEEP_SETS, *seg_bench.sets(layout)])
+        recipe = load_recipe(seg_bench.RECIPE, [*seg_bench.SWEEP_SETS, *layout_sets(layout)])
         assert recipe.model.attention.name == layout["attention"], name
         assert recipe.model.attention.options == layout["options"], name
         assert recipe.schedule.warmup_steps == warmup, name
-    vitdet = load_recipe(seg_bench.RECIPE, seg_bench.sets(seg_bench.LAYOUTS["window2d + global [1, 3]"]))
+    vitdet = load_recipe(seg_bench.RECIPE, layout_sets(seg_bench.LAYOUTS["window2d + global [1, 3]"]))
     assert vitdet.model.global_blocks == [1, 3] and vitdet.model.global_attention.name == "softmax"
     assert {spec["attention"] for spec in seg_bench.LAYOUTS.values()} == {
         "softmax", "window2d", "neighborhood", "local", "linear", "performer",

@@ -18,10 +18,45 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["read_saved", "run_cells", "write_json"]
+__all__ = ["image_layouts", "layout_sets", "read_saved", "run_cells", "write_json"]
 
 Cell = TypeVar("Cell", bound=Hashable)
 Record = TypeVar("Record")
+
+
+def image_layouts(
+    order: Iterable[str], *, local_window: int, global_blocks: tuple[int, ...]
+) -> dict[str, dict[str, Any]]:
+    """The layouts the image studies compare, in `order` (names below; "window2d + global" is keyed with its blocks,
+    e.g. "window2d + global [2, 5]"): each the attention of every block, its options and the `--set` items it adds.
+
+    The windowed ones see about 16-25 keys a query: 4 x 4 windows, a 5 x 5 neighbourhood, local's band of
+    `local_window` tokens either side in raster order; ViTDet's layout puts softmax in `global_blocks`; performer
+    keeps 64 features, the linear family its defaults.
+    """
+    blocks = list(global_blocks)
+    catalogue = {
+        "softmax": {"attention": "softmax", "options": {}},
+        "local": {"attention": "local", "options": {"window": local_window}},
+        "window2d": {"attention": "window2d", "options": {"window": 4}},
+        "window2d + global": {
+            "attention": "window2d",
+            "options": {"window": 4},
+            "extra": (f"model.global_blocks={blocks}", "model.global_attention.name=softmax"),
+        },
+        "neighborhood": {"attention": "neighborhood", "options": {"kernel": 5}},
+        "linear": {"attention": "linear", "options": {}},
+        "performer": {"attention": "performer", "options": {"nb_features": 64}},
+        "hedgehog": {"attention": "hedgehog", "options": {}},
+    }
+    return {(f"{name} {blocks}" if name == "window2d + global" else name): catalogue[name] for name in order}
+
+
+def layout_sets(layout: dict[str, Any]) -> list[str]:
+    """A layout's recipe overrides (`--set` items), its options as JSON."""
+    items = [f"model.attention.name={layout['attention']}"]
+    items += [f"model.attention.options.{key}={json.dumps(value)}" for key, value in layout["options"].items()]
+    return items + list(layout.get("extra", ()))
 
 
 def read_saved(path: Path) -> dict[str, Any]:

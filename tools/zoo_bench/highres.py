@@ -30,7 +30,7 @@ from zoo.cli import run_cli
 from zoo.config import load_recipe, recipe_to_dict
 from zoo.data._sizes import ModelSizes
 
-from ._study import read_saved, run_cells, write_json
+from ._study import image_layouts, layout_sets, read_saved, run_cells, write_json
 from .leaderboard import run_child, train_and_test
 from .machine import REPO_ROOT as ROOT
 from .machine import default_device, device_name, shown_path, versions
@@ -38,28 +38,13 @@ from .machine import default_device, device_name, shown_path, versions
 __all__ = ["LAYOUTS", "main", "run_comparison", "step_time"]
 
 RECIPE = ROOT / "recipes" / "highres_quick.yaml"
-# Each layout: the attention of every block, its options, and the `--set` items of another layout. The windowed
-# ones see about 16-25 keys per query: 4 x 4 windows, a 5 x 5 neighbourhood, local's +-16 band (a patch row either
-# side in raster order on the 16 x 16 grid); ViTDet's layout puts global attention in the last block of each half
-# (2 and 5 of 6).
-LAYOUTS: dict[str, dict[str, Any]] = {
-    "softmax": {"attention": "softmax", "options": {}},
-    "local": {"attention": "local", "options": {"window": 16}},
-    "window2d": {"attention": "window2d", "options": {"window": 4}},
-    "window2d + global [2, 5]": {
-        "attention": "window2d",
-        "options": {"window": 4},
-        "extra": ("model.global_blocks=[2, 5]", "model.global_attention.name=softmax"),
-    },
-    "neighborhood": {"attention": "neighborhood", "options": {"kernel": 5}},
-    "performer": {"attention": "performer", "options": {"nb_features": 64}},
-}
-
-
-def _sets(layout: dict[str, Any]) -> list[str]:
-    items = [f"model.attention.name={layout['attention']}"]
-    items += [f"model.attention.options.{key}={json.dumps(value)}" for key, value in layout["options"].items()]
-    return items + list(layout.get("extra", ()))
+# The windowed layouts on the 16 x 16 grid: local's +-16 band is a patch row either side; ViTDet's global blocks are
+# the last of each half (2 and 5 of 6).
+LAYOUTS = image_layouts(
+    ("softmax", "local", "window2d", "window2d + global", "neighborhood", "performer"),
+    local_window=16,
+    global_blocks=(2, 5),
+)
 
 
 def step_time(recipe_path: Path, layout: str, img_size: int, steps: int, threads: int) -> dict[str, Any]:
@@ -71,7 +56,7 @@ def step_time(recipe_path: Path, layout: str, img_size: int, steps: int, threads
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     sizes = [f"model.img_size={img_size}", f"data.options.canvas_size={img_size}"]
-    recipe = load_recipe(recipe_path, [*_sets(LAYOUTS[layout]), *sizes])
+    recipe = load_recipe(recipe_path, [*layout_sets(LAYOUTS[layout]), *sizes])
     kind = get_model_kind(recipe.model.kind)
     model = kind.build(recipe, ModelSizes(in_chans=1, num_classes=10), kind.task(recipe))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -26,7 +26,7 @@ from zoo._validate import check_int
 from zoo.cli import run_cli
 from zoo.config import load_recipe, recipe_to_dict
 
-from ._study import read_saved, run_cells, write_json
+from ._study import image_layouts, read_saved, run_cells, write_json
 from .leaderboard import train_and_test
 from .machine import REPO_ROOT as ROOT
 from .machine import default_device, device_name, shown_path, versions
@@ -34,25 +34,15 @@ from .machine import default_device, device_name, shown_path, versions
 __all__ = ["LAYOUTS", "RECALLS", "main", "report", "run_comparison", "summarize", "verdict"]
 
 RECIPE = ROOT / "recipes" / "recall2d_quick.yaml"
-# Each layout: the attention of every block, its options, and the `--set` items of another layout. On the 8 x 8
-# grid with every digit at least 4 cells from the query: 4 x 4 windows never hold both (window2d); ViTDet's global
-# blocks (the last of each half, 1 and 3 of 4) do; a 5 x 5 neighbourhood reaches 2 cells a block, 8 after 4
-# blocks; local's +-16 band reaches two rows a block in raster order; the linear family is global but keeps
-# a fixed-size state (performer with 64 features as in the high-resolution comparison, hedgehog at its default 64).
-LAYOUTS: dict[str, dict[str, Any]] = {
-    "softmax": {"attention": "softmax", "options": {}},
-    "window2d": {"attention": "window2d", "options": {"window": 4}},
-    "window2d + global [1, 3]": {
-        "attention": "window2d",
-        "options": {"window": 4},
-        "extra": ("model.global_blocks=[1, 3]", "model.global_attention.name=softmax"),
-    },
-    "neighborhood": {"attention": "neighborhood", "options": {"kernel": 5}},
-    "local": {"attention": "local", "options": {"window": 16}},
-    "linear": {"attention": "linear", "options": {}},
-    "performer": {"attention": "performer", "options": {"nb_features": 64}},
-    "hedgehog": {"attention": "hedgehog", "options": {}},
-}
+# The layouts on the 8 x 8 grid with every digit at least 4 cells from the query: 4 x 4 windows never hold both
+# (window2d); ViTDet's global blocks (the last of each half, 1 and 3 of 4) do; a 5 x 5 neighbourhood reaches 2 cells
+# a block, 8 after 4 blocks; local's +-16 band reaches two rows a block in raster order; the linear family is global
+# but keeps a fixed-size state.
+LAYOUTS = image_layouts(
+    ("softmax", "window2d", "window2d + global", "neighborhood", "local", "linear", "performer", "hedgehog"),
+    local_window=16,
+    global_blocks=(1, 3),
+)
 # the verdict's thresholds on the mean test top-1, as 1-D MQAR's cards read recall: recalls at >= 0.9, does not
 # below 0.5 (the rules that recall nothing score about 0.25 here), partly between
 RECALLS, FAILS = 0.9, 0.5

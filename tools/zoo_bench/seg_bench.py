@@ -36,7 +36,7 @@ from zoo._validate import check_int
 from zoo.cli import add_overrides, run_cli
 from zoo.config import load_recipe, recipe_to_dict
 
-from ._study import read_saved, run_cells, write_json
+from ._study import image_layouts, read_saved, run_cells, write_json
 from .leaderboard import overrides, read_run, run_child, train_and_test
 from .machine import REPO_ROOT as ROOT
 from .machine import default_device, device_name, shown_path, versions
@@ -44,23 +44,13 @@ from .machine import default_device, device_name, shown_path, versions
 __all__ = ["ANCHOR", "LAYOUTS", "PlainCNN", "main", "report", "run_comparison"]
 
 RECIPE = ROOT / "recipes" / "seg_megamnist_quick.yaml"
-# Each layout: the attention of every block, its options, and the `--set` items of another layout. On the 8 x 8
-# grid the windowed ones see 16-25 keys per query: 4 x 4 windows, a 5 x 5 neighbourhood, local's +-12 band (a
-# patch row and a half either side in raster order); ViTDet's layout puts global attention in the last block of
-# each half (1 and 3 of 4). Performer with 64 features, as in the high-resolution comparison.
-LAYOUTS: dict[str, dict[str, Any]] = {
-    "softmax": {"attention": "softmax", "options": {}},
-    "window2d": {"attention": "window2d", "options": {"window": 4}},
-    "window2d + global [1, 3]": {
-        "attention": "window2d",
-        "options": {"window": 4},
-        "extra": ("model.global_blocks=[1, 3]", "model.global_attention.name=softmax"),
-    },
-    "neighborhood": {"attention": "neighborhood", "options": {"kernel": 5}},
-    "local": {"attention": "local", "options": {"window": 12}},
-    "linear": {"attention": "linear", "options": {}},
-    "performer": {"attention": "performer", "options": {"nb_features": 64}},
-}
+# The windowed layouts on the 8 x 8 grid: local's +-12 band is a patch row and a half either side; ViTDet's global
+# blocks are the last of each half (1 and 3 of 4).
+LAYOUTS = image_layouts(
+    ("softmax", "window2d", "window2d + global", "neighborhood", "local", "linear", "performer"),
+    local_window=12,
+    global_blocks=(1, 3),
+)
 # the row of the plain CNN trained beside the layouts (no attention: the anchor a ViT must beat or approach)
 ANCHOR = "plain CNN (no attention)"
 # every run of the sweep: the recipe's own schedule
@@ -153,13 +143,6 @@ def anchor_run(recipe: dict[str, Any], seed: int, budget_steps: int, run_dir: Pa
         tail = (run_dir / "train.log").read_text().strip().splitlines()[-1:] or ["no output"]
         return {**record, "status": "error", "message": tail[0][:300]}
     return {**record, **read_run(run_dir)}
-
-
-def sets(layout: dict[str, Any]) -> list[str]:
-    """A layout's recipe overrides (`--set` items)."""
-    items = [f"model.attention.name={layout['attention']}"]
-    items += [f"model.attention.options.{key}={json.dumps(value)}" for key, value in layout["options"].items()]
-    return items + list(layout.get("extra", ()))
 
 
 def _save(results: dict[str, Any], out: Path) -> None:
