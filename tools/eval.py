@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Evaluate a run's checkpoint: metrics and the task's baselines to <run>/eval.json; for classification tasks
+"""Evaluate a run's checkpoint: metrics and the trivial baselines beside them (classification: the training split's
+majority class and chance; per-position labels: the majority label; segmentation: the all-background rule;
+forecasting: the naive and linear forecasts) to <run>/eval.json, one printed line each; for classification tasks
 the confusion matrix to <run>/confusion_<split>.png.
 
     tools/eval.py runs/quickstart

@@ -1,7 +1,9 @@
 """Evaluate a trained run directory (or a model) on a split, through `evaluate`: the task's metrics through
-torchmetrics, a confusion-matrix plot where the task counts classes, and the baselines the dataset is judged against
-(its `baselines(train_set)`: the GC-content nearest-mean rule for genomes, seasonal-naive and linear forecasts for
-the forecasting sets), all on the same split."""
+torchmetrics, a confusion-matrix plot where the task counts classes, and the trivial baselines the model is judged
+against: the task's (`Task.baselines`: a classifier's majority class of the training split and chance, a tagger's
+majority label, a language model's majority token) and the dataset's (its `baselines(train_set)`: the GC-content
+nearest-mean rule for genomes, seasonal-naive and linear forecasts for the forecasting sets, the all-background rule
+for masks), all on the same split."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .hub._run_weights import resolve_run
 from .hub.runs import RECIPE_FILE
 from .kinds import get_model_kind
 from .splits import build_loader, build_split
+from .tasks import Task
 from .train.eval_loop import evaluate_loader
 from .train.parts import resolve_mixed_precision
 
@@ -233,9 +236,9 @@ def evaluate(
 
     `source` a run directory of tools/train.py: its `checkpoint` (`best`, `last`, a checkpoint folder or weights
     file), verified, in the model built from the run's `model.json`; the recipe's metrics and the task's
-    `eval_metrics`, at the recipe's mixed precision, with the dataset's baselines and, where the task counts
-    classes, the confusion matrix saved as `confusion_<split>.png` beside it. Only the evaluated split is read (and
-    the training split where the dataset's baselines are fitted on it).
+    `eval_metrics`, at the recipe's mixed precision, with the task's and the dataset's baselines and, where the task
+    counts classes, the confusion matrix saved as `confusion_<split>.png` beside it. Only the evaluated split is read,
+    and the training split where a baseline is fitted on it (a classifier's majority class reads its labels only).
 
     `source` a model (`nn.Module`): on `recipe`'s split, the recipe's metrics over `num_classes` classes, in full
     precision (as `zoo.convert.run` measures its stages); no baselines, no plot.
@@ -318,14 +321,24 @@ def _evaluate_run(run_dir: Path, *, checkpoint: str, split: str) -> dict[str, An
     png = run_dir / f"confusion_{split}.png" if "confusion" in metrics else None
     if png is not None and accelerator.is_main_process:
         plot_confusion(metrics["confusion"], png, split_attribute(dataset, "classes"))
-    fitted = callable(split_attribute(dataset, "baselines"))
-    rules = baselines(build_split(recipe, "train") if fitted else None, dataset)
+    rules = _all_baselines(recipe, task, dataset, num_classes)
     report = _report(run_dir, weights, split, recipe, metrics, rules, png)
     if getattr(task, "predicts_masks", False):
         report["masks_png"] = str(run_dir / f"masks_{split}.png")
         if accelerator.is_main_process:
             plot_masks(accelerator.unwrap_model(model), dataset, Path(report["masks_png"]))
     return report
+
+
+def _all_baselines(recipe: Recipe, task: Task, dataset: Dataset, num_classes: int) -> dict[str, dict[str, float]]:
+    """The task's trivial rules (a classifier's majority class and chance, a tagger's majority label) and the
+    dataset's own (`baselines`), on `dataset`; the training split is built only where one of them is fitted on it.
+    A dataset's rule replaces the task's of the same name."""
+    fitted = callable(split_attribute(dataset, "baselines"))
+    own = type(task).baselines is not Task.baselines
+    train_set = build_split(recipe, "train") if fitted or own else None
+    rules = task.baselines(train_set, dataset, num_classes) if own else {}
+    return {**rules, **baselines(train_set, dataset)}
 
 
 def _implicit_metrics(names: Sequence[str], num_classes: int) -> list[str]:
@@ -352,11 +365,17 @@ def plot_masks(model: nn.Module, dataset: Dataset, path: Path, count: int = 4) -
     from .predict import mask_palette
 
     samples = [dataset[i] for i in range(min(count, len(dataset)))]
-    images = torch.stack([image for image, _ in samples])
-    device = next(model.parameters()).device
-    model.eval()
-    with torch.no_grad():
-        predicted = model(images.to(device)).argmax(1).cpu()  # [n, H, W]
+    if isinstance(samples[0], dict):  # NaFlex patch sequences: each image at its own size
+        from .data.images.native import predict_masks
+
+        *pairs, predicted = zip(*predict_masks(model, samples), strict=True)
+        samples = list(zip(*pairs, strict=True))
+    else:
+        images = torch.stack([image for image, _ in samples])
+        device = next(model.parameters()).device
+        model.eval()
+        with torch.no_grad():
+            predicted = model(images.to(device)).argmax(1).cpu()  # [n, H, W]
     names = [str(name) for name in (split_attribute(dataset, "classes") or range(model.num_classes))]
     colors = [tuple(c / 255 for c in rgb) for rgb in mask_palette(len(names))]
     # one colour per class, white for IGNORE_INDEX (shown as class len(names))

@@ -19,12 +19,13 @@
 
 Classification rows hold the `top_k` classes and their probabilities. A segmentation row names the image's predicted
 mask, a palette PNG written to `mask_dir` (`write_mask`; pixel value = class index, the run's class names and the
-palette's colours in `mask_dir/legend.json`), at the model's input size (the image as the eval transform gave it),
-and the classes it covers with their shares of the image. An input that cannot be read is named in one
-warning and skipped whole (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are
-predicted. Inside a folder, files that are not inputs of the run's kind (`notes.txt`, `.DS_Store`) are counted in a
-warning, and so are the empty records of a FASTA file. `options` (`tools/predict.py --set data.options.KEY=VALUE`)
-changes how series files are read (`READ_OPTIONS`: `nan`, a CSV file's `label_column`) from the run's recipe.
+palette's colours in `mask_dir/legend.json`), at the model's input size (the image as the eval transform gave it;
+a NaFlex run's at the file's own size, `zoo.data.images.native.native_logits`), and the classes it covers with
+their shares of the image. An input that cannot be read is named in one warning and skipped whole
+(`Predictions.skipped`: a CSV file with one bad row gives no row); the others are predicted. Inside a folder,
+files that are not inputs of the run's kind (`notes.txt`, `.DS_Store`) are counted in a warning, and so are the
+empty records of a FASTA file. `options` (`tools/predict.py --set data.options.KEY=VALUE`) changes how series files
+are read (`READ_OPTIONS`: `nan`, a CSV file's `label_column`) from the run's recipe.
 `write_predictions` writes CSV or JSON.
 
 Letter legend: b - batch, n - positions, k - classes, t - horizon, c - channels.
@@ -145,6 +146,10 @@ def predict(
     with torch.no_grad(), bar, logging_redirect_tqdm():
         for metas, batch in _batches(items, batch_size):
             logits = model(*(_to(t, _device(model)) for t in batch)).float().cpu()
+            if masks_out is not None and isinstance(batch[0], dict):  # NaFlex: each mask at its file's size
+                from .data.images.native import native_logits
+
+                logits = native_logits(logits, batch[0])
             masks = batch[1] if len(batch) > 1 else [None] * len(metas)
             for meta, out, mask in zip(metas, logits, masks, strict=True):
                 rows = task.prediction_rows(meta, out, mask, description, top_k)
@@ -277,7 +282,9 @@ def _stack(tensors: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
     if isinstance(tensors[0][0], dict):  # NaFlex patch sequences, padded to the longest
         from .data.images.native import collate_patches
 
-        return (collate_patches([{**t[0], "label": 0} for t in tensors], labels=False),)
+        batch = collate_patches([{**t[0], "label": 0} for t in tensors], labels=False)
+        sizes = {k: torch.stack([t[0][k] for t in tensors]) for k in ("image_size", "input_size") if k in tensors[0][0]}
+        return ({**batch, **sizes},)
     if len(tensors[0]) == 1:
         return (torch.stack([t[0] for t in tensors]),)
     batch = PadCollate(pad_values={"x": 0, "mask": False})([{"x": x, "mask": mask} for x, mask in tensors])

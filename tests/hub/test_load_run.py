@@ -243,7 +243,7 @@ def test_one_route_resolves_a_run_a_checkpoint_and_its_weights(vit_run):
         resolve_run(vit_run, str(vit_run / "elsewhere.safetensors"))
 
 
-def test_evaluating_a_run_reads_only_the_evaluated_split(vit_run, monkeypatch):
+def test_evaluating_a_run_reads_the_evaluated_split_and_the_training_labels(vit_run, monkeypatch):
     from zoo import evaluate as evaluation
 
     read = []
@@ -254,8 +254,16 @@ def test_evaluating_a_run_reads_only_the_evaluated_split(vit_run, monkeypatch):
 
     monkeypatch.setattr(evaluation, "build_split", only_recorded)
     result = evaluation.evaluate(vit_run, split="val")
-    # MegaMNIST has no baselines fitted on the training split: the model is sized by model.json alone
-    assert read == ["val"] and result["metrics"]["samples"] == 16 and result["baselines"] == {}
+    # the model is sized by model.json alone; the training split is read for its labels only (the majority class)
+    assert read == ["val", "train"] and result["metrics"]["samples"] == 16
+    recipe = load_recipe(vit_run / "recipe.yaml")
+    train_labels = [label for _, label in build_split(recipe, "train")]
+    val_labels = [label for _, label in build_split(recipe, "val")]
+    majority = max(set(train_labels), key=lambda c: (train_labels.count(c), -c))
+    assert result["baselines"] == {
+        "majority_class": {"top1": pytest.approx(val_labels.count(majority) / len(val_labels))},
+        "chance": {"top1": pytest.approx(0.1)},
+    }
 
 
 def test_model_sizes_read_once_and_written_as_model_json_holds_them():

@@ -106,6 +106,29 @@ def test_every_shipped_1024_px_recipe_trains_and_is_compared_with_softmax(cpu_ch
         assert f"| {stem} | " in table, stem
 
 
+def test_the_naflex_recipe_trains_at_native_size_beside_its_square_recipe(cpu_check):
+    """recipes/naflex_*_1024.yaml train at the CPU's NaFlex toy sizes, after the 1024-px recipes and before the
+    2048-px ones, their tokens/s (valid tokens only, within the sample budget) over the square recipe's."""
+    out, results = cpu_check
+    items = results["parts"]["train"]["items"]
+    runs, order = {item["run"]: item for item in items}, [item["run"] for item in items]
+    stems = sorted(path.stem for path in (REPO / "recipes").glob("naflex_*_1024.yaml"))
+    assert "naflex_linear_1024" in stems
+    toy = profile_for("cpu").naflex_overrides
+    for stem in stems:
+        item = runs[stem]
+        assert item["ok"] and item["recipe"] == f"recipes/{stem}.yaml" and set(toy) <= set(item["overrides"]), item
+        square = runs[item["square"]]
+        assert item["square"] == "vit_" + stem.removeprefix("naflex_") and square["ok"]
+        assert order.index(stem) > order.index(item["square"]) and order.index(stem) < order.index("vit_softmax_2048")
+        # at most 196 patches a sample (data.options.max_tokens) and 4 register tokens
+        assert 0 < item["tokens"] <= 196 + 4 and 0 <= item["padding_share"] < 1
+        assert item["tokens_per_s"] == pytest.approx(item["batch_size"] * item["tokens"] / item["step_s"], rel=2e-2)
+        assert item["vs_square"] == pytest.approx(item["tokens_per_s"] / square["tokens_per_s"], rel=1e-2)
+    table = (out / "device_check.md").read_text().split("## train")[1].split("## bench")[0]
+    assert all(f"| {stem} | " in table for stem in stems)
+
+
 def test_a_family_without_a_recipe_runs_as_the_softmax_recipe_with_its_attention_swapped(cpu_check):
     _, results = cpu_check
     runs = {item["run"]: item for item in results["parts"]["train"]["items"]}

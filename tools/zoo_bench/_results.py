@@ -12,7 +12,9 @@ from typing import Any
 from .machine import REPO_ROOT
 
 __all__ = [
+    "GPU_QUALITY",
     "GPU_TRAIN",
+    "QUALITY_COMMAND",
     "MARGIN",
     "RECALL2D",
     "Fact",
@@ -23,6 +25,7 @@ __all__ = [
     "mean_std",
     "miou_text",
     "percent_mean_std",
+    "quality_races",
     "score_text",
     "timed",
 ]
@@ -46,6 +49,10 @@ GPU_TRAIN = (
     f"{H200_CHECK}/device_check.json",
     f"{CHUNKED_CHECK}/device_check.json",
 )
+# `make device-train` on a GPU (zoo_bench.device_train): each attention trained the same wall time, its validation
+# curve; oldest first, the newest that trained a comparison is read. None committed yet: the pages say so.
+GPU_QUALITY = ("benchmarks/nvidia-h100-80gb-hbm3/device_train.json", "benchmarks/nvidia-h200/device_train.json")
+QUALITY_COMMAND = "make device-train DEVICE_OUT=benchmarks/<gpu>"
 HIGHRES = "benchmarks/cpu/highres.json"
 # the 2-D recall probe (tools/zoo_bench/recall2d.py): its summary carries each layout's verdict
 RECALL2D = "benchmarks/cpu/recall2d.json"
@@ -134,3 +141,26 @@ def miou_text(row: dict[str, Any], background: float) -> str:
 def conversion_text(row: dict[str, Any], teacher: float) -> str:
     """A converted student's top-1 beside its teacher's and the same student's from scratch, in percent."""
     return f"{100 * row['stage2']:.1f} (teacher {100 * teacher:.1f}, scratch {100 * row['scratch']:.1f})"
+
+
+def quality_races() -> list[dict[str, Any]]:
+    """The newest committed `make device-train` run of each comparison (`GPU_QUALITY`): its race to softmax's final
+    validation metric (`device_report.reached`) with `group`, `seconds`, `device`, `file` and its `runs`
+    (run -> attention); [] where none is committed."""
+    from .device_report import reached
+
+    races: dict[str, dict[str, Any]] = {}
+    for path in GPU_QUALITY:
+        data = load(path)
+        if data is None:
+            continue
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for item in data["runs"]:
+            groups.setdefault(item.get("group", ""), []).append(item)
+        for group, items in groups.items():
+            race = reached(items)
+            if race is not None and all(item.get("data", "real") == "real" for item in items):
+                runs = {item["run"]: item.get("attention") for item in items}
+                where = {"seconds": data["seconds"], "device": data["device_name"], "file": path}
+                races[group] = {**race, "group": group, "runs": runs, **where}
+    return list(races.values())

@@ -15,7 +15,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._results import GPU_TRAIN, HIGHRES, RECALL2D, beyond_noise, load, mean_std, percent_mean_std
+from ._results import (
+    GPU_TRAIN,
+    HIGHRES,
+    QUALITY_COMMAND,
+    RECALL2D,
+    beyond_noise,
+    load,
+    mean_std,
+    percent_mean_std,
+    quality_races,
+)
 from .cards import variant_facts
 from .machine import REPO_ROOT
 from .recall_grid import summarize_cells
@@ -267,6 +277,26 @@ def _recall_2d() -> str:
     )
 
 
+def _gpu_quality() -> list[str]:
+    """Per comparison of the newest committed `make device-train` run: the attention that first reached softmax's
+    final validation metric and when, beside every other's time; or the command that measures it."""
+    races = quality_races()
+    if not races:
+        return [f"Not measured; `{QUALITY_COMMAND}` measures it on a GPU."]
+    lines = []
+    for race in races:
+        times = "; ".join(
+            f"`{run}` ({race['runs'][run]}) {'never' if t is None else f'{t:.0f} s'}"
+            for run, t in race["times"].items()
+        )
+        first = f"`{race['first']}` first" if race["first"] else "none got there"
+        lines.append(
+            f"- `{race['group']}`: softmax's final validation {race['metric']} {race['target']:.3f} in "
+            f"{race['seconds']:g} s each; {first} ({times}; {race['device']}, `{race['file']}`)"
+        )
+    return lines
+
+
 def _conversion() -> tuple[str, str]:
     data = load(CONVERSION)
     if data is None:
@@ -354,6 +384,14 @@ def choose_markdown() -> str:
             f"| {r['device']} | `{r['file']}` |"
             for r in _train_rows()
         ),
+        "",
+        "## Quality per GPU minute",
+        "",
+        "Each attention trained the same wall time per comparison (the 1024-px image and segmentation recipes, "
+        "genomes, ListOps, Path-X, each beside softmax): which reached softmax's final validation metric first, and "
+        "when (seconds of training, evaluations not counted).",
+        "",
+        *_gpu_quality(),
         "",
         "## 1-D sequences (one layer, dim 512, 8 heads, forward + backward)",
         "",

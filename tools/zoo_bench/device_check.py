@@ -10,8 +10,9 @@ writes them; batch 8's in `batch8/`) goes beside them, so that DIR is what `benc
   too where it has a causal mode), forward and backward on the device in fp32 and bf16, against the same module
   on the CPU in fp32: relative error of the output (kept query rows), of the input's gradient and of every
   parameter's gradient.
-- `train`: every shipped `recipes/vit_*_1024.yaml`, softmax and the families the GPU work touches first, then
-  softmax and window2d + global blocks at 2048 px: samples/s, peak memory, the rate over softmax's
+- `train`: every shipped `recipes/vit_*_1024.yaml`, softmax and the families the GPU work touches first, then the
+  NaFlex recipes at native resolution (`recipes/naflex_*_1024.yaml`, beside the square recipe of their attention),
+  then softmax and window2d + global blocks at 2048 px: samples/s, tokens/s, peak memory, the rate over softmax's
   (`zoo_bench.device_runs`).
 - `bench`: the benchmark sweep in bf16, forward + backward, 1K to 64K tokens (dim 512, 8 heads) at batch 1 and 8,
   for `softmax` (SDPA's flash kernel on CUDA) and the variants the targets name; the crossover length against
@@ -90,6 +91,19 @@ TOY_LONG_RUNS = (
 )
 
 
+# The CPU's toy NaFlex ViT: the same width and depth, canvases of 128-224 px sides (up to 14 x 14 patches of 16 px
+# within the 196-patch budget, up to twice as long), at most 2 a step
+TOY_NAFLEX_OVERRIDES = (
+    "data.options.max_tokens=196",
+    "data.options.batch_tokens=392",
+    "data.options.sides=[128,224]",
+    "data.options.digit_size=32",
+    "model.naflex.timm_kwargs={pos_embed_grid_size: [14, 14]}",
+    "model.depth=2",
+    "model.embed_dim=64",
+    "model.num_heads=2",
+    "data.batch_size=2",
+)
 # The CPU's toy ViT: 14 x 14 patches, 64 wide (2 heads), 2 deep, 2 canvases a step
 TOY_OVERRIDES = (
     "model.img_size=224",
@@ -127,6 +141,7 @@ def profile_for(device: str) -> Profile:
         bench_dim=64,
         bench_heads=2,
         train_overrides=small,
+        naflex_overrides=TOY_NAFLEX_OVERRIDES,
         large_overrides=("model.img_size=448", "data.options.canvas_size=448", "data.batch_size=1"),
         train_steps=(1, 2),
         long_runs=TOY_LONG_RUNS,

@@ -47,6 +47,8 @@ class Profile:
     # added to every 1024-px recipe (the CPU's toy sizes); the 2048-px runs add `large` on top
     train_overrides: tuple[str, ...] = ()
     large_overrides: tuple[str, ...] = ()
+    # added to every NaFlex recipe instead of train_overrides (recipes/naflex_*_1024.yaml: no fixed image size)
+    naflex_overrides: tuple[str, ...] = ()
     train_steps: tuple[int, int] = (2, 5)  # warm-up, timed
     long_runs: tuple[LongRun, ...] = ()
     # False: the compiled runs go through train.compile with Dynamo switched off (the CPU's rehearsal of the path,

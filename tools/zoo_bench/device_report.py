@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["markdown", "train_markdown"]
+__all__ = ["markdown", "plot_curves", "reached", "train_markdown"]
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -241,20 +241,70 @@ def _md_long(part: dict[str, Any]) -> list[str]:
     return [*lines, *(_run_row(item, columns) for item in part["items"]), ""]
 
 
+def _groups(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs by comparison, in the order they trained."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item in results.get("runs", []):
+        groups.setdefault(item.get("group", "runs"), []).append(item)
+    return groups
+
+
+def reached(items: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One comparison's race to softmax's final validation metric: `target` (that value), `metric`, and `times`:
+    each finished run's training seconds at its first validation at or past the target (None: never within its
+    time), softmax's own included; `first`: the run that got there first (None where none did). None without a
+    finished softmax run."""
+    done = [item for item in items if item.get("status") == "ok" and item.get("curve")]
+    softmax = next((item for item in done if item["run"] == item.get("softmax")), None)
+    if softmax is None:
+        return None
+    target, higher = softmax["val"], softmax["higher_is_better"]
+
+    def at_target(point: dict[str, Any]) -> bool:
+        value = point["val"]
+        return value is not None and (value >= target if higher else value <= target)
+
+    times = {
+        item["run"]: next((point["train_s"] for point in item["curve"] if at_target(point)), None) for item in done
+    }
+    # a tie goes to the run that trained first (softmax)
+    timed = [(time_s, order, run) for order, (run, time_s) in enumerate(times.items()) if time_s is not None]
+    first = min(timed)[2] if timed else None
+    return {"metric": softmax["metric"], "target": target, "softmax": softmax["run"], "times": times, "first": first}
+
+
+def _reached_line(race: dict[str, Any] | None, items: list[dict[str, Any]]) -> str:
+    if race is None:
+        return "Softmax's run did not finish: no target to reach."
+    metric, target, times = race["metric"], race["target"], race["times"]
+    said = f"softmax's final validation {metric} ({target:.4f}, `{race['softmax']}`)"
+    if race["first"] is None:
+        return f"No run reached {said}."
+    others = ", ".join(f"{run} {'never' if time_s is None else f'at {time_s:.1f} s'}" for run, time_s in times.items())
+    line = f"First to reach {said}: **{race['first']}**, at {times[race['first']]:.1f} s of training ({others})."
+    if any(item.get("data", "real") != "real" for item in items):
+        line += " Random tokens stood in for the data here: this comparison measures speed, not learning."
+    return line
+
+
+def _curve_text(item: dict[str, Any]) -> str:
+    return ", ".join(f"{point['train_s']:.1f} s: {_cell(point['val'], '.4f')}" for point in item.get("curve", []))
+
+
 def train_markdown(results: dict[str, Any]) -> str:
-    """`device_train.md`: each attention trained for the same wall time, its validation top-1 beside its speed."""
+    """`device_train.md`: per comparison, each attention trained for the same wall time, its validation metric
+    against its training time beside its speed, and which reached softmax's final metric first."""
     lines = [
         f"# Equal-time training: {results.get('device_name')}",
         "",
         (
             f"{results.get('date')}; each recipe trained for {results.get('seconds')} s of wall time (its schedule "
-            "spread over that time), then validation top-1 on "
-            f"{results.get('val_samples')} canvases. Written by `make device-train` (`zoo_bench.device_train`)."
+            f"spread over that time; evaluations not counted), validated on {results.get('val_samples')} samples at "
+            f"{results.get('points', 1)} evenly spaced times, the last its end. Written by `make device-train` "
+            "(`zoo_bench.device_train`)."
         ),
         "",
-        *_table(["run", "attention", "steps", "samples", "samples/s", "first step s", "train loss", "val top-1",
-                 "val loss", "status"]),
-    ]  # fmt: skip
+    ]
     columns = [
         ("attention", ""),
         ("steps", ","),
@@ -262,13 +312,51 @@ def train_markdown(results: dict[str, Any]) -> str:
         ("samples_per_s", ".1f"),
         ("first_step_s", ".2f"),
         ("train_loss", ".4f"),
-        ("val_top1", ".4f"),
+        ("val", ".4f"),
         ("val_loss", ".4f"),
         ("status", ""),
     ]
-    lines += [_run_row(item, columns) for item in results.get("runs", [])]
-    done = [item for item in results.get("runs", []) if item.get("status") == "ok"]
-    if done:
-        best = max(done, key=lambda item: item["val_top1"])
-        lines += ["", f"Most learned in the time: {best['run']} (val top-1 {best['val_top1']:.4f})."]
-    return "\n".join([*lines, ""])
+    plots = results.get("plots") or {}
+    for group, items in _groups(results).items():
+        metric = next((item["metric"] for item in items if item.get("metric")), "metric")
+        lines += [f"## {group}", ""]
+        lines += _table(["run", "attention", "steps", "samples", "samples/s", "first step s", "train loss",
+                         f"val {metric}", "val loss", "status"])  # fmt: skip
+        lines += [_run_row(item, columns) for item in items]
+        lines += ["", _reached_line(reached(items), items), ""]
+        curves = [f"- {item['run']}: {_curve_text(item)}" for item in items if item.get("curve")]
+        if curves:
+            lines += [f"Validation {metric} against seconds of training:", "", *curves, ""]
+        if group in plots:
+            lines += [f"![{group}]({plots[group]})", ""]
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, Any], out: Any) -> dict[str, str]:
+    """A `device_train_<comparison>.png` per comparison in folder `out`: each run's validation metric against its
+    seconds of training, softmax's final value dashed -> comparison: file name. None drawn (empty) without matplotlib (a
+    bare GPU machine may lack it; the JSON holds the curves)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return {}
+    written = {}
+    for group, items in _groups(results).items():
+        drawn = [item for item in items if item.get("status") == "ok" and item.get("curve")]
+        if not drawn:
+            continue
+        figure = Figure(figsize=(6, 4))
+        axes = figure.subplots()
+        for item in drawn:
+            points = [point for point in item["curve"] if point["val"] is not None]
+            seconds, values = [point["train_s"] for point in points], [point["val"] for point in points]
+            axes.plot(seconds, values, marker="o", label=f"{item['run']} ({item['attention']})")
+        race = reached(items)
+        if race is not None:
+            axes.axhline(race["target"], color="grey", linestyle="--", label="softmax's final")
+        axes.set(xlabel="training wall time (s)", ylabel=f"validation {drawn[0]['metric']}", title=group)
+        axes.legend(fontsize="small")
+        name = f"device_train_{group}.png"
+        figure.savefig(f"{out}/{name}", dpi=100, bbox_inches="tight")
+        written[group] = name
+    return written

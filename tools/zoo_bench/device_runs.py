@@ -2,8 +2,10 @@
 
 - `train`: every shipped `recipes/vit_*_1024.yaml` and `recipes/seg_*_1024.yaml` (globbed, so a new recipe is
   covered with no edit): softmax and the families the GPU work touches first (`FIRST`), then the rest by name, then
-  softmax and window2d + global blocks at 2048 px (`LARGE`): samples/s, peak memory, and the rate over softmax's at
-  the same size in this check.
+  the NaFlex recipes (`recipes/naflex_*_1024.yaml`: mixed-size images at native resolution, batches packed by a
+  token budget), then softmax and window2d + global blocks at 2048 px (`LARGE`): samples/s, tokens/s (a NaFlex
+  batch's valid tokens, padding not counted), peak memory, and the rate over softmax's at the same size in this
+  check; a NaFlex run also gives its tokens/s over the square recipe's of its attention (`vs_square`).
 - `compile`: the recipes of `COMPILED` again under `train.compile=true`: the compile time (the first step's time
   past a steady step's) and the rate over the eager run of the `train` part. A torch without the option, or a
   compile that fails, is that item's recorded failure.
@@ -81,9 +83,10 @@ _GENOME_SPECIES = 4
 
 def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
     """The `train` part's runs in order -> (recipe, overrides of its own): the stems of recipes/vit_*_1024.yaml,
-    `FIRST`'s in its order then the rest by name, each followed by its `VARIANTS`, then the `LARGE` ones at 2048 px
-    (`vit_<name>_2048`, the profile's `large_overrides` on top). A family of `FIRST` that ships no recipe (hedgehog)
-    runs as `vit_softmax_1024` with its attention swapped, at the variant's defaults."""
+    `FIRST`'s in its order then the rest by name, each followed by its `VARIANTS`, then recipes/naflex_*_1024.yaml,
+    then the `LARGE` ones at 2048 px (`vit_<name>_2048`, the profile's `large_overrides` on top). A family of
+    `FIRST` that ships no recipe (hedgehog) runs as `vit_softmax_1024` with its attention swapped, at the variant's
+    defaults."""
     recipes = REPO_ROOT / "recipes"
     # the segmentation recipes at 1024 px too (seg_*_1024: ViTDet's layout, Performer), beside softmax's classifier
     stems = sorted(path.stem for pattern in ("vit_*_1024.yaml", "seg_*_1024.yaml") for path in recipes.glob(pattern))
@@ -100,6 +103,8 @@ def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
         for variant, (stem, overrides) in VARIANTS.items():
             if stem == run:
                 ordered[variant] = (runs[run][0], (*runs[run][1], *overrides))
+    for path in sorted(recipes.glob("naflex_*_1024.yaml")):
+        ordered[path.stem] = (f"recipes/{path.stem}.yaml", ())
     for name in LARGE:
         if f"vit_{name}_1024" in runs:
             ordered[f"vit_{name}_2048"] = runs[f"vit_{name}_1024"]
@@ -109,6 +114,15 @@ def vit_runs() -> dict[str, tuple[str, tuple[str, ...]]]:
 def _softmax_twin(run: str) -> str:
     """The softmax run a `train` run is compared with: the one at its image size."""
     return "vit_softmax_2048" if run.endswith("_2048") else "vit_softmax_1024"
+
+
+def is_naflex(run: str) -> bool:
+    return run.startswith("naflex_")
+
+
+def square_twin(run: str) -> str:
+    """The square recipe a NaFlex run is compared with: the ViT recipe of its attention at 1024 px."""
+    return "vit_" + run.removeprefix("naflex_")
 
 
 # ----- stand-in data for a 1-D set this machine cannot build
@@ -213,8 +227,12 @@ def layout_fits(recipe: Any) -> list[str]:
 
 
 def _tokens(trainer: Any, batch: dict[str, torch.Tensor]) -> int:
-    """Tokens per sample: a ViT's patches and prefix tokens, a 1-D batch's (padded) length."""
+    """Tokens per sample: a ViT's patches and prefix tokens, a NaFlex batch's valid patches a sample (its padding
+    not counted) and prefix tokens, a 1-D batch's (padded) length."""
     model = trainer.accelerator.unwrap_model(trainer.model)
+    if "patch_valid" in batch:
+        valid = batch["patch_valid"]
+        return round(int(valid.sum()) / len(valid)) + int(model.num_prefix_tokens)
     embed = getattr(model, "patch_embed", None)
     if embed is not None:
         return int(embed.num_patches) + int(getattr(model, "num_prefix_tokens", 0))
@@ -262,6 +280,10 @@ def train_record(
             trainer = Trainer(recipe, Path(run_dir))
         device = trainer.accelerator.device
         batch = next(iter(trainer.train_loader))
+        padded = None
+        if "patch_valid" in batch:  # a NaFlex batch packed by tokens: its sample count and its padding
+            size = len(batch["patch_valid"])
+            padded = round(1 - float(batch["patch_valid"].float().mean()), 4)
         warmup, timed = steps
         first = []
         for _ in range(warmup):
@@ -296,6 +318,8 @@ def train_record(
             "loss": float(loss.detach()),
             "peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None,
         }
+        if padded is not None:
+            record["padding_share"] = padded
         if compiled:
             record["compile"] = "train.compile=true" if compiled == "real" else "Dynamo off (the CPU's rehearsal)"
             record["compile_s"] = round(max(record["first_step_s"] - record["step_s"], 0.0), 2) if first else None
@@ -327,6 +351,15 @@ def _link_softmax(items: list[dict[str, Any]], record: dict[str, Any]) -> None:
             item["vs_softmax"] = round(rate(item) / rate(record), 3)
 
 
+def _link_square(items: list[dict[str, Any]], record: dict[str, Any]) -> None:
+    """`square` (the square recipe's run) and `vs_square` (tokens/s over its tokens/s: samples differ in size, so
+    tokens are what compares) on a NaFlex run's `record`."""
+    record["square"] = square_twin(record["run"])
+    square = {item["run"]: item for item in items}.get(record["square"])
+    if square is not None and square.get("ok") and record.get("ok") and square.get("tokens_per_s"):
+        record["vs_square"] = round(record["tokens_per_s"] / square["tokens_per_s"], 3)
+
+
 # ----- the parts
 
 
@@ -338,9 +371,13 @@ def run_train(report: Report, profile: Profile) -> None:
     def measure(run: str) -> dict[str, Any]:
         recipe, own = runs[run]
         large = profile.large_overrides if run.endswith("_2048") else ()
-        overrides = (*profile.train_overrides, *own, *large)
-        record = {"run": run, "twin": _softmax_twin(run), **train_record(recipe, overrides, profile.train_steps)}
+        overrides = (*(profile.naflex_overrides if is_naflex(run) else profile.train_overrides), *own, *large)
+        # a NaFlex run's samples differ in size from the square ones: compared by tokens/s with its square recipe
+        twin = None if is_naflex(run) else _softmax_twin(run)
+        record = {"run": run, "twin": twin, **train_record(recipe, overrides, profile.train_steps)}
         _link_softmax(part["items"], record)
+        if is_naflex(run):
+            _link_square(part["items"], record)
         return record
 
     part = run_items(report, "train", profile, list(runs), measure, key="run")

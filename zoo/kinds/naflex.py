@@ -1,12 +1,13 @@
 """The `naflex` model kind: timm's NaFlex ViT with any zoo attention (`zoo.models.naflex`), for images at their own
-size and aspect ratio (the native-resolution sets of `zoo.data.images.native`: `native_folder`,
-`native_megamnist`); its options (`NaFlexOptions`, the `model.naflex` section) and its registration."""
+size and aspect ratio (the native-resolution sets of `zoo.data.images.native`: `native_folder`, `native_megamnist`,
+`native_megamnist_seg`, `native_mask_folder`), for classification and for segmentation (`NaFlexSegmentation`:
+logits at each image's own size); its options (`NaFlexOptions`, the `model.naflex` section) and its registration."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from ..config import Recipe
 
 # the datasets that give NaFlex patch sequences
-NATIVE_DATASETS = ("native_folder", "native_megamnist")
+NATIVE_DATASETS = ("native_folder", "native_megamnist", "native_megamnist_seg", "native_mask_folder")
+TASKS = ("classification", "segmentation")
 PATCH_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
@@ -50,6 +52,9 @@ class NaFlexOptions(KindOptions):
     """`model.kind: naflex`: timm's NaFlex ViT with any zoo attention, configured under `model.naflex`."""
 
     naflex: NaFlexConfig = field(default_factory=NaFlexConfig)
+    # task segmentation only, as for the ViT kind (zoo.models.segmentation): each image's tokens decoded on its grid
+    decoder: Literal["linear", "pyramid", "progressive"] = "linear"
+    decoder_channels: int = field(default=128, metadata={"min": 1})
 
 
 def _problems(recipe: Recipe) -> list[tuple[str, str]]:
@@ -64,8 +69,8 @@ def _problems(recipe: Recipe) -> list[tuple[str, str]]:
         if patch != recipe.model.naflex.patch_size:
             message = f"must equal data.options.patch_size {patch}, got {recipe.model.naflex.patch_size}"
             problems.append(("model.naflex.patch_size", message))
-    if recipe.task != "classification":
-        problems.append(("task", f"model.kind 'naflex' trains classification, got {recipe.task!r}"))
+    if recipe.task not in TASKS:
+        problems.append(("task", f"model.kind 'naflex' trains {' or '.join(TASKS)}, got {recipe.task!r}"))
     return problems
 
 
@@ -122,6 +127,7 @@ register_model_kind(
         _build,
         lambda batch: ({key: batch[key] for key in PATCH_KEYS},),
         options=NaFlexOptions,
+        task_section=lambda recipe: recipe.model.options,
         describe=_describe,
         recipe_problems=_problems,
         data_context=lambda options: {"in_chans": options.naflex.in_chans},

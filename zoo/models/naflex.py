@@ -36,6 +36,8 @@ from typing import Any
 
 import timm
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
@@ -50,6 +52,7 @@ from .vit import _attention_layer, _check_global_blocks, _is_attention_extra
 __all__ = [
     "NAFLEX_ARCHITECTURES",
     "BY_LENGTH",
+    "NaFlexSegmentation",
     "ZooNaFlexVit",
     "attend_by_length",
     "checkpoint_filter_fn",
@@ -220,6 +223,83 @@ class ZooNaFlexVit(NaFlexVit):
         return embeds
 
 
+def patch_grids(patch_coord: Tensor, patch_valid: Tensor) -> Tensor:
+    """Every sample's patch grid `[b, 2]` (rows, cols): one more than its largest valid (y, x) coordinate."""
+    return patch_coord.masked_fill(~patch_valid.bool()[..., None], 0).amax(1) + 1
+
+
+class NaFlexSegmentation(ZooNaFlexVit):
+    """A `ZooNaFlexVit` giving per-pixel logits at each image's own size: a NaFlex batch (dict or keywords, as
+    `ZooNaFlexVit.forward` takes it) -> logits `[b, k, H, W]`, H = max rows * patch and W = max cols * patch over the
+    batch; image i's logits fill its own `[rows_i * patch, cols_i * patch]` corner, the rest is 0 (its mask there is
+    `IGNORE_INDEX`, `zoo.data.images.native.collate_patches`). A `[b, c, H, W]` image batch is patchified first.
+
+    The decoder (`zoo.models.segmentation.DECODERS`, `decoder_options`) reads each image's last-block patch tokens
+    (final LayerNorm applied) on its own grid `[d, rows, cols]`, images of one grid decoded together: no
+    convolution of a decoder ever sees another image or padding, so a packed batch gives every image the logits it
+    gets alone (tests/models/test_naflex_segmentation.py). `progressive` reads the image back from its patches.
+    """
+
+    def __init__(
+        self,
+        cfg: NaFlexVitCfg | None = None,
+        *,
+        decoder: str = "linear",
+        decoder_options: dict[str, Any] | None = None,
+        num_classes: int,
+        **kwargs: Any,
+    ) -> None:
+        from .segmentation import build_decoder
+
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"a segmentation model needs num_classes >= 1 (pixel classes), got {num_classes!r}")
+        super().__init__(cfg, num_classes=num_classes, **kwargs)
+        # the pooled classifier (its norm, attention pooling and head) is never run: a parameter without a gradient
+        # would leave DDP's reducer waiting on its bucket, and the buckets after it unreduced on every process
+        self.head, self.fc_norm, self.attn_pool = nn.Identity(), nn.Identity(), None
+        self.patch = self.embeds.patch_size[0]
+        self.in_chans = kwargs.get("in_chans", 3)
+        self.decoder_name, self.decoder_options = decoder, dict(decoder_options or {})
+        self.decoder = build_decoder(
+            decoder, self.embed_dim, num_classes, decoder_options, patch_size=self.patch, in_chans=self.in_chans
+        )
+        self.zoo_args.update(decoder=decoder, decoder_options=dict(self.decoder_options))
+
+    def _patchify(self, images: Tensor) -> dict[str, Tensor]:
+        """`[b, c, H, W]` -> a NaFlex batch of one grid (the image padded to whole patches)."""
+        p = self.patch
+        images = F.pad(images, (0, -images.shape[-1] % p, 0, -images.shape[-2] % p))
+        rows, cols = images.shape[-2] // p, images.shape[-1] // p
+        patches = rearrange(images, "b c (h ph) (w pw) -> b (h w) (ph pw c)", ph=p, pw=p)
+        y, x = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        coord = torch.stack([y.flatten(), x.flatten()], -1).to(images.device).expand(len(images), -1, -1)
+        return {"patches": patches, "patch_coord": coord, "patch_valid": patches.new_ones(patches.shape[:2]).bool()}
+
+    def forward(self, x: Tensor | dict[str, Tensor], patch_coord: Tensor | None = None,
+                patch_valid: Tensor | None = None) -> Tensor:  # fmt: skip
+        if not isinstance(x, dict):
+            x = self._patchify(x) if x.dim() == 4 else {"patches": x, "patch_coord": patch_coord,
+                                                         "patch_valid": patch_valid}  # fmt: skip
+        patches, coord, valid = x["patches"], x["patch_coord"], x["patch_valid"].bool()
+        tokens = self.forward_features(patches, coord, valid)["patches"][:, self.num_prefix_tokens :]  # [b, n, d]
+        grids = patch_grids(coord, valid)
+        p, b = self.patch, len(patches)
+        height, width = (grids.amax(0) * p).tolist()
+        out = tokens.new_zeros(b, self.num_classes, height, width)
+        for rows, cols in grids.unique(dim=0).tolist():
+            index = (grids == grids.new_tensor([rows, cols])).all(1).nonzero().flatten()
+            n = rows * cols
+            features = rearrange(tokens[index, :n], "g (h w) d -> g d h w", h=rows, w=cols)
+            if getattr(self.decoder, "reads_image", False):
+                image = rearrange(patches[index, :n], "g (h w) (ph pw c) -> g c (h ph) (w pw)", h=rows, ph=p, pw=p)
+                logits = self.decoder(features, image)
+            else:
+                logits = F.interpolate(self.decoder(features), size=(rows * p, cols * p), mode="bilinear",
+                                       align_corners=False)  # fmt: skip
+            out[index, :, : rows * p, : cols * p] = logits.to(out.dtype)
+        return out
+
+
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: ZooNaFlexVit) -> dict[str, Tensor]:
     """timm's NaFlex filter (classic ViT layouts converted), then a variant's own attention parameters, which no
     timm checkpoint holds, kept at the model's initialisation (logged); another classifier size is re-initialised.
@@ -229,6 +309,12 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: ZooNaFlexVit) -> 
     for key in [k for k in state if k.startswith("head") and k in target and state[k].shape != target[k].shape]:
         _logger.warning("classifier %s has another class count and was re-initialised", key)
         state[key] = target[key]
+    if isinstance(model, NaFlexSegmentation):
+        # the checkpoint's classifier has no place in a segmentation model; its decoder starts from initialisation
+        state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc_norm.", "attn_pool."))}
+        decoder = [k for k in target if k.startswith("decoder.")]
+        _logger.warning("%d decoder parameters keep their initialisation", len(decoder))
+        state.update({k: target[k] for k in decoder})
     extra = [k for k in target if k not in state and _is_attention_extra(k)]
     if extra:
         _logger.warning(
@@ -301,8 +387,9 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> ZooNaFlexV
     base = variant.removeprefix("zoo_")
     cfg = NaFlexVitCfg(**_ARCHITECTURES[base])
     out_indices = kwargs.pop("out_indices", 3)
+    model_cls = NaFlexSegmentation if "decoder" in kwargs else ZooNaFlexVit
     return build_model_with_cfg(
-        ZooNaFlexVit, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, cfg=cfg,
+        model_cls, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, cfg=cfg,
         feature_cfg={"out_indices": out_indices, "feature_cls": "getter"}, **kwargs,
     )  # fmt: skip
 

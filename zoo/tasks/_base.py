@@ -151,6 +151,12 @@ class Task:
         `model.json` `description` (label names, inputs) and the `top_k` classes a row keeps."""
         raise NotImplementedError(f"task {self.name!r} has no prediction rows")
 
+    def baselines(self, train_set: Dataset, dataset: Dataset, num_classes: int) -> dict[str, dict[str, float]]:
+        """The trivial rules this task's metrics are read against on `dataset`, fitted on `train_set`, over
+        `num_classes` classes: `{rule: {metric: score}}` (tools/eval.py prints them beside the model's). None by
+        default: a forecast's or a mask's baselines depend on the data, and its dataset gives them."""
+        return {}
+
     def describe_inputs(self, train_set: Dataset) -> dict[str, Any]:
         """What `zoo.predict` needs of the training split to read new inputs for this task (model.json's
         `inputs`), beyond what the model kind records."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
@@ -13,8 +15,11 @@ from ..data._interface import IGNORE_INDEX
 from .heads import LanguageModelHead
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from torch.utils.data import Dataset
+
     from ..data._sizes import ModelSizes
 from ._base import HeadSpec, Task, _require, register_task
+from ._baselines import label_counts, majority_top1, sample_labels
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,20 @@ class CausalLanguageModelling(Task):
         if mask is not None:
             next_tokens = next_tokens.masked_fill(~mask[:, 1:], IGNORE_INDEX)
         return rearrange(outputs[:, :-1].float(), "b n v -> (b n) v"), next_tokens.flatten()
+
+    def baselines(self, train_set: Dataset, dataset: Dataset, num_classes: int) -> dict[str, dict[str, float]]:
+        """`majority_token`: the token most frequent among the training split's predicted tokens (every kept one
+        but each sample's first) predicted at every position, its top-1 on `dataset`."""
+        counts = [label_counts(sample_labels(split, self._next_tokens), num_classes) for split in (train_set, dataset)]
+        return {"majority_token": majority_top1(*counts)}
+
+    def _next_tokens(self, item: Mapping[str, Tensor]) -> Tensor:
+        """One sample's predicted tokens `[n - 1]`, `IGNORE_INDEX` where its mask leaves a position out."""
+        tokens = torch.as_tensor(item[self.target_key])[1:]
+        mask = item.get("mask")
+        if mask is None:
+            return tokens
+        return tokens.masked_fill(~torch.as_tensor(mask, dtype=torch.bool)[1:], IGNORE_INDEX)
 
     def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
         return {"vocab_size": sizes.vocab_size}

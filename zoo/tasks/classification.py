@@ -13,8 +13,11 @@ from torch import Tensor, nn
 from .heads import ClassificationHead
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from torch.utils.data import Dataset
+
     from ..data._sizes import ModelSizes
 from ._base import HeadSpec, Task, _require, _top_k, register_task
+from ._baselines import item_target, label_counts, majority_top1, sample_labels
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,15 @@ class Classification(Task):
 
     def num_outputs(self, sizes: ModelSizes) -> int:
         return sizes.num_classes
+
+    def baselines(self, train_set: Dataset, dataset: Dataset, num_classes: int) -> dict[str, dict[str, float]]:
+        """`majority_class`: the training split's most frequent class predicted for every sample, its top-1 on
+        `dataset`; `chance`: a class drawn uniformly, top-1 1 / `num_classes` in expectation."""
+        counts = [
+            label_counts(sample_labels(split, lambda item: item_target(item, self.target_key)), num_classes)
+            for split in (train_set, dataset)
+        ]
+        return {"majority_class": majority_top1(*counts), "chance": {"top1": 1.0 / num_classes}}
 
     def prediction_rows(
         self, meta: dict[str, Any], outputs: Tensor, mask: Tensor | None, description: Mapping[str, Any], top_k: int

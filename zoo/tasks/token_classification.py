@@ -17,8 +17,11 @@ from ..data._interface import IGNORE_INDEX
 from .heads import TokenClassificationHead
 
 if TYPE_CHECKING:  # torchmetrics imports matplotlib: loaded only when metrics are built
+    from torch.utils.data import Dataset
+
     from ..data._sizes import ModelSizes
 from ._base import HeadSpec, Task, _require, register_task
+from ._baselines import label_counts, majority_top1, sample_labels
 
 # all: the training loss reads logits at every position; labelled: only at the labelled, kept ones
 SCORES = ("all", "labelled")
@@ -72,6 +75,19 @@ class TokenClassification(Task):
         if mask is not None:
             targets = targets.masked_fill(~mask, IGNORE_INDEX)
         return rearrange(outputs.float(), "b l k -> (b l) k"), targets.flatten()
+
+    def baselines(self, train_set: Dataset, dataset: Dataset, num_classes: int) -> dict[str, dict[str, float]]:
+        """`majority_label`: the label most frequent over the training split's labelled positions predicted at every
+        position, its top-1 over `dataset`'s labelled positions (the positions `top1` counts)."""
+        splits = (train_set, dataset)
+        counts = [label_counts(sample_labels(split, self._sample_targets), num_classes) for split in splits]
+        return {"majority_label": majority_top1(*counts)}
+
+    def _sample_targets(self, item: Mapping[str, Tensor]) -> Tensor:
+        """One sample's labels `[l]`, `IGNORE_INDEX` where its mask leaves a position out."""
+        labels = torch.as_tensor(item[self.target_key])
+        mask = item.get("mask")
+        return labels if mask is None else labels.masked_fill(~torch.as_tensor(mask, dtype=torch.bool), IGNORE_INDEX)
 
     def model_sizes(self, sizes: ModelSizes) -> dict[str, Any]:
         return {"num_classes": sizes.num_classes}

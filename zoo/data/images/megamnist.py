@@ -352,6 +352,10 @@ class MegaMNIST(Dataset):
         canvas = torch.from_numpy(self._render(items))  # [S, S] uint8
         return canvas.unsqueeze(0).to(torch.float32).div_(255.0), label
 
+    def sample_label(self, index: int) -> int:
+        """Canvas ``index``'s label without rendering it (the tasks' majority-class baseline reads every one)."""
+        return self._layout(index)[0]
+
     def _layout(self, index: int) -> tuple[int, list[_Item]]:
         """The label and the items of canvas ``index``, drawn from a generator seeded by (seed, split, index)."""
         index = self._normalise_index(index)

@@ -30,20 +30,27 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from PIL import Image
 from timm.data.naflex_transforms import get_image_size_for_seq, patchify_image
 from torch.utils.data import Dataset, Sampler
 
+from .._interface import IGNORE_INDEX
 from .._registry import DataContext, register_dataset
 from .decode import open_image
 from .folder import _IMG_MODES, ImageFolderDataset
-from .megamnist import MegaMNIST
+from .mask_folder import MaskFolderDataset, MaskFolderOptions, _header_size
+from .megamnist import MegaMNIST, MegaMNISTSegmentation
 
 __all__ = [
     "NativeImages",
     "NativeLoader",
     "TokenBatches",
     "collate_patches",
+    "image_of",
+    "mask_at",
+    "native_logits",
+    "predict_masks",
     "native_size",
     "read_image",
     "to_patches",
@@ -69,14 +76,29 @@ def native_size(height: int, width: int, patch: int, max_tokens: int, resize: st
 def collate_patches(samples: Sequence[dict[str, Any]], labels: bool = True) -> dict[str, torch.Tensor]:
     """Samples of `n_i` patches -> `{"patches": [b, n, p*p*c], "patch_coord": [b, n, 2], "patch_valid": [b, n],
     "label": [b]}` padded to the longest, n = max n_i (padding: zero patches, coordinate (0, 0), invalid);
-    `labels=False`: without `label`."""
+    `labels=False`: without `label`. Segmentation masks `[H_i, W_i]` are padded to `[b, max H_i, max W_i]` with
+    `IGNORE_INDEX` (the corner layout of `zoo.models.naflex.NaFlexSegmentation`'s logits)."""
     n = max(len(sample["patches"]) for sample in samples)
     batch = {}
     for key in PATCH_KEYS:
         batch[key] = torch.stack([F.pad(s[key], (0, 0) * (s[key].dim() - 1) + (0, n - len(s[key]))) for s in samples])
-    if labels:
+    if labels and torch.is_tensor(samples[0]["label"]) and samples[0]["label"].dim() == 2:
+        height, width = (max(s["label"].shape[i] for s in samples) for i in (0, 1))
+        batch["label"] = torch.stack([
+            F.pad(s["label"], (0, width - s["label"].shape[1], 0, height - s["label"].shape[0]), value=IGNORE_INDEX)
+            for s in samples
+        ])  # fmt: skip
+    elif labels:
         batch["label"] = torch.as_tensor([sample["label"] for sample in samples])
     return batch
+
+
+def mask_at(mask: torch.Tensor, size: tuple[int, int], patch: int) -> torch.Tensor:
+    """An int64 mask `[H, W]` at the `size` its image is patchified at (nearest neighbour, as labels scale), then
+    padded with `IGNORE_INDEX` to whole patches (the pixels `patchify_image` pads the image with)."""
+    if tuple(mask.shape) != tuple(size):
+        mask = F.interpolate(mask[None, None].float(), size=size, mode="nearest-exact")[0, 0].long()
+    return F.pad(mask, (0, -size[1] % patch, 0, -size[0] % patch), value=IGNORE_INDEX)
 
 
 def to_patches(
@@ -91,11 +113,37 @@ def to_patches(
     return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
 
 
+def image_of(sample: dict[str, torch.Tensor], in_chans: int) -> torch.Tensor:
+    """A sample's image back from its patches (as normalised): `[n, p*p*c]` on its grid -> `[c, rows*p, cols*p]`."""
+    rows, cols = (sample["patch_coord"][sample["patch_valid"].bool()].amax(0) + 1).tolist()
+    p = math.isqrt(sample["patches"].shape[1] // in_chans)
+    return rearrange(sample["patches"][: rows * cols], "(h w) (ph pw c) -> c (h ph) (w pw)", h=rows, ph=p, pw=p)
+
+
+def predict_masks(model: torch.nn.Module, samples: Sequence[dict[str, Any]]) -> list[tuple[torch.Tensor, ...]]:
+    """Each segmentation sample alone through a NaFlex segmentation `model` -> `(image [c, H, W], true mask
+    [H, W], predicted mask [H, W])` at its own size (padding to whole patches included, unlabelled)."""
+    device = next(model.parameters()).device
+    out = []
+    model.eval()
+    with torch.no_grad():
+        for sample in samples:
+            inputs = {key: sample[key][None].to(device) for key in PATCH_KEYS}
+            predicted = model(inputs)[0].argmax(0).cpu()
+            out.append((image_of(sample, model.in_chans), sample["label"], predicted))
+    return out
+
+
 def read_image(path: str, in_chans: int) -> torch.Tensor:
     """An image file as float `[in_chans, h, w]` in [0, 1], decoded by `open_image` (any bit depth, palette,
     alpha)."""
-    image = torch.from_numpy(np.asarray(open_image(path, _IMG_MODES[in_chans]), dtype=np.float32) / 255.0)
-    return image[None] if image.dim() == 2 else image.permute(2, 0, 1)
+    return _tensor(open_image(path, _IMG_MODES[in_chans]))
+
+
+def _tensor(image: Image.Image) -> torch.Tensor:
+    """An 8-bit PIL image -> float `[c, h, w]` in [0, 1]."""
+    tensor = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)
+    return tensor[None] if tensor.dim() == 2 else tensor.permute(2, 0, 1)
 
 
 class NativeLoader:
@@ -108,10 +156,28 @@ class NativeLoader:
         self.std = torch.tensor(description["std"], dtype=torch.float32)[:, None, None]
 
     def __call__(self, path: str) -> dict[str, torch.Tensor]:
+        """The sample dict, and its `image_size` (the file's `[H, W]`) and `input_size` (the `[h, w]` it is
+        patchified at), which `native_logits` reads to give a segmentation at the file's size."""
         d = self.description
-        return to_patches(
-            read_image(path, self.in_chans), d["patch_size"], d["max_tokens"], d["resize"], self.mean, self.std
-        )
+        image = read_image(path, self.in_chans)
+        sample = to_patches(image, d["patch_size"], d["max_tokens"], d["resize"], self.mean, self.std)
+        size = native_size(*image.shape[-2:], d["patch_size"], d["max_tokens"], d["resize"])
+        return {**sample, "image_size": torch.tensor(image.shape[-2:]), "input_size": torch.tensor(size)}
+
+
+def native_logits(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """A NaFlex segmentation batch's logits `[b, k, H, W]` (each image in its corner) -> each image's `[k, H_i,
+    W_i]` at its file's size: cropped to the size it was patchified at (`input_size`), then resized bilinearly to
+    `image_size` where the token budget had scaled it down."""
+    out = []
+    for row, (height, width), (file_height, file_width) in zip(
+        logits, batch["input_size"].tolist(), batch["image_size"].tolist(), strict=True
+    ):
+        row = row[:, :height, :width]
+        if (height, width) != (file_height, file_width):
+            row = F.interpolate(row[None], size=(file_height, file_width), mode="bilinear", align_corners=False)[0]
+        out.append(row)
+    return out
 
 
 class TokenBatches(Sampler[list[int]]):
@@ -222,8 +288,13 @@ class NativeImages(Dataset):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample `index`: its patches, and its label (a class, or a mask `[rows * p, cols * p]` at the size the
+        image is patchified at, `IGNORE_INDEX` on the pixels padded to whole patches)."""
         image, label = self.read(self.indices[index])
         sample = to_patches(image, self.patch_size, self.max_tokens, self.resize, self.mean, self.std)
+        if torch.is_tensor(label) and label.dim() == 2:
+            size = native_size(*image.shape[-2:], self.patch_size, self.max_tokens, self.resize)
+            label = mask_at(label, size, self.patch_size)
         return {**sample, "label": label}
 
     collate = staticmethod(collate_patches)
@@ -259,6 +330,49 @@ class NativeFolder(NativeImages):
         return read_image(path, self.in_chans), label
 
 
+def _pixel_counts(dataset: NativeImages) -> np.ndarray:
+    """Labelled pixels of each class over a segmentation split's masks (at the size the images are read at)."""
+    counts = np.zeros(dataset.num_classes, dtype=np.int64)
+    for index in range(len(dataset)):
+        mask = dataset[index]["label"]
+        counts += np.bincount(mask[mask != IGNORE_INDEX].numpy(), minlength=dataset.num_classes)
+    return counts
+
+
+def _one_class_rule(name: str, majority: int, counts: np.ndarray) -> dict[str, dict[str, float]]:
+    """Every labelled pixel predicted `majority`: its IoU is the class's share of the labelled pixels, 0 for every
+    other class present, so its mIoU (macro over the classes present) is the share over those classes."""
+    share = float(counts[majority] / max(counts.sum(), 1))
+    present = int((counts > 0).sum()) + int(counts[majority] == 0)
+    return {name: {"miou": share / present, "pixel_accuracy": share}}
+
+
+class NativeMaskFolder(NativeImages):
+    """Your images and masks (the `mask_folder` layout, `ROOT/images/a.jpg` + `ROOT/masks/a.png`, listed, split and
+    checked as `mask_folder` does), each pair at its image's own size within the budget; the mask's `ignore_value`
+    becomes `IGNORE_INDEX`."""
+
+    def __init__(self, root: str, split: str, *, pairs: dict[str, Any], in_chans: int, mean, std, subset=None,
+                 **options: Any):  # fmt: skip
+        # the pair listing, its checks and data.<split>_samples; its square transform is not used
+        self.pairs = MaskFolderDataset(
+            root, split, img_size=8, is_training=False, in_chans=in_chans, mean=mean, std=std, subset=subset, **pairs
+        )
+        self.classes, self.num_classes, self.in_chans = self.pairs.classes, self.pairs.num_classes, in_chans
+        sizes = [_header_size(image)[::-1] for image, _ in self.pairs.samples]  # (width, height) -> (height, width)
+        super().__init__(sizes=sizes, mean=self.pairs.mean, std=self.pairs.std, where=f"{root}/{split}", **options)
+
+    def baselines(self, train_set: NativeImages | None = None) -> dict[str, dict[str, float]]:
+        """The most frequent class of the training split's labelled pixels, predicted for every pixel here."""
+        majority = int(_pixel_counts(train_set if train_set is not None else self).argmax())
+        return _one_class_rule("most_frequent_class", majority, _pixel_counts(self))
+
+    def read(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image, mask = self.pairs._load(index)
+        mask = torch.from_numpy(np.asarray(mask, dtype=np.int64))
+        return _tensor(image), mask.masked_fill(mask == self.pairs.ignore_value, IGNORE_INDEX)
+
+
 class NativeMegaMNIST(NativeImages):
     """MegaMNIST canvases of mixed sizes and shapes: canvas i is a square MegaMNIST canvas of a side drawn from
     `sides` (its digits whole, its label theirs), placed at a random offset on a black rectangle whose long side is
@@ -268,11 +382,16 @@ class NativeMegaMNIST(NativeImages):
 
     num_classes, in_chans, classes = MegaMNIST.num_classes, 1, MegaMNIST.classes
 
+    # the square canvases' generator (MegaMNISTSegmentation for masks) and its extra arguments
+    generator: type[MegaMNIST] = MegaMNIST
+
     def __init__(self, split: str, *, num_samples: int, seed: int, sides: Sequence[int], max_stretch: float,
-                 digit_size: int, num_other: int, num_clutter: int, num_target: int = 3, **options: Any):  # fmt: skip
+                 digit_size: int, num_other: int, num_clutter: int, num_target: int = 3,
+                 generator_options: dict[str, Any] | None = None, **options: Any):  # fmt: skip
         self.canvases = {
-            side: MegaMNIST(split, canvas_size=side, num_samples=num_samples, seed=seed, digit_size=digit_size,
-                            num_target=num_target, num_other=num_other, num_clutter=num_clutter)
+            side: self.generator(split, canvas_size=side, num_samples=num_samples, seed=seed, digit_size=digit_size,
+                                 num_target=num_target, num_other=num_other, num_clutter=num_clutter,
+                                 **(generator_options or {}))
             for side in sorted(set(sides))
         }  # fmt: skip
         self.split_id = ("train", "val", "test").index(split)
@@ -294,6 +413,27 @@ class NativeMegaMNIST(NativeImages):
         image = torch.zeros(1, height, width)
         image[:, top : top + side, left : left + side] = square
         return image, label
+
+
+class NativeMegaMNISTSegmentation(NativeMegaMNIST):
+    """`NativeMegaMNIST`'s canvases of mixed sizes and shapes with per-pixel masks at each canvas's own size: the
+    square's mask (`MegaMNISTSegmentation`: 0 background, 1 + d on digit d's box or ink, `IGNORE_INDEX` on clutter)
+    placed on a background rectangle."""
+
+    generator = MegaMNISTSegmentation
+    num_classes, classes = MegaMNISTSegmentation.num_classes, MegaMNISTSegmentation.classes
+
+    def baselines(self, train_set: NativeImages | None = None) -> dict[str, dict[str, float]]:
+        """Every labelled pixel predicted background (`megamnist_seg`'s rule), over this split's own pixels."""
+        return _one_class_rule("all_background", 0, _pixel_counts(self))
+
+    def read(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        side, height, width, top, left = self.layouts[index]
+        square, square_mask = self.canvases[side][index]
+        image, mask = torch.zeros(1, height, width), torch.zeros(height, width, dtype=torch.int64)
+        image[:, top : top + side, left : left + side] = square
+        mask[top : top + side, left : left + side] = square_mask
+        return image, mask
 
 
 @dataclass(kw_only=True)
@@ -364,6 +504,52 @@ def build_native_megamnist(options: NativeMegaMNISTOptions, context: DataContext
         context.split, num_samples=context.num_samples or defaults[context.split], seed=context.seed,
         sides=options.sides, max_stretch=options.max_stretch, digit_size=options.digit_size,
         num_target=options.num_target, num_other=options.num_other, num_clutter=options.num_clutter, **_shared(options),
+    )  # fmt: skip
+    dataset.batch_tokens = options.batch_tokens
+    return dataset
+
+
+@dataclass(kw_only=True)
+class NativeMegaMNISTSegOptions(NativeMegaMNISTOptions):
+    # the pixels a digit owns: its ink's bounding box or its strokes (MegaMNISTSegmentation)
+    mask: Literal["box", "ink"] = "box"
+
+
+@register_dataset("native_megamnist_seg", options=NativeMegaMNISTSegOptions, kind="image", tasks=("segmentation",))
+def build_native_megamnist_seg(options: NativeMegaMNISTSegOptions, context: DataContext) -> NativeMegaMNIST:
+    """MegaMNIST canvases of mixed sizes and aspect ratios with masks at each canvas's own size, generated."""
+    defaults = {"train": 10000, "val": 1000, "test": 1000}
+    dataset = NativeMegaMNISTSegmentation(
+        context.split, num_samples=context.num_samples or defaults[context.split], seed=context.seed,
+        sides=options.sides, max_stretch=options.max_stretch, digit_size=options.digit_size,
+        num_target=options.num_target, num_other=options.num_other, num_clutter=options.num_clutter,
+        generator_options={"mask": options.mask}, **_shared(options),
+    )  # fmt: skip
+    dataset.batch_tokens = options.batch_tokens
+    return dataset
+
+
+@dataclass(kw_only=True)
+class NativeMaskFolderOptions(MaskFolderOptions, NativeOptions):
+    """`mask_folder`'s options and the native budget."""
+
+    def problems(self) -> list[tuple[str, str]]:
+        return MaskFolderOptions.problems(self) + NativeOptions.problems(self)
+
+
+@register_dataset(
+    "native_mask_folder", options=NativeMaskFolderOptions, kind="image", tasks=("segmentation",), root="required"
+)
+def build_native_mask_folder(options: NativeMaskFolderOptions, context: DataContext) -> NativeMaskFolder:
+    """Your images and masks at data.root (ROOT/images/a.jpg + ROOT/masks/a.png), each at its own size."""
+    pairs = {
+        "classes": options.class_names(context.root), "ignore_value": options.ignore_value,
+        "on_bad_image": options.on_bad_image, "mask_size": options.mask_size, "val_fraction": options.val_fraction,
+        "test_fraction": options.test_fraction, "seed": context.seed,
+    }  # fmt: skip
+    dataset = NativeMaskFolder(
+        context.root, context.split, pairs=pairs, in_chans=context.in_chans or 3, mean=options.mean, std=options.std,
+        subset=context.subset, **_shared(options),
     )  # fmt: skip
     dataset.batch_tokens = options.batch_tokens
     return dataset

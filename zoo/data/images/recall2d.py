@@ -203,6 +203,10 @@ class Recall2D(Dataset):
         layout = self.layout(index)
         return torch.from_numpy(self.render(layout)).to(torch.float32).div_(255.0), layout.label
 
+    def sample_label(self, index: int) -> int:
+        """Canvas ``index``'s label without rendering it (the tasks' majority-class baseline reads every one)."""
+        return self.layout(index).label
+
     def baselines(self, train_set: Recall2D | None = None) -> dict[str, dict[str, float]]:
         """Rules that recall nothing, on this split: the training split's majority class (this split's own where no
         training split is given), and a digit guessed among the ``num_keys`` on the canvas (what a model that

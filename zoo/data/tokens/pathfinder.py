@@ -115,6 +115,10 @@ class Pathfinder(Dataset):
     def __len__(self) -> int:
         return self.num_samples
 
+    def sample_label(self, index: int) -> int:
+        """Image ``index``'s label without drawing it (the tasks' majority-class baseline reads every one)."""
+        return self._check_index(index) % 2
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor] | tuple[torch.Tensor, int]:
         """Tokens: ``tokens`` int64 ``[H*W]`` (grey levels, row by row), ``mask`` bool ``[H*W]``, ``label`` int64
         ``[]``. Images: float32 ``[1, H, W]`` in [0, 1] and the label."""
