@@ -212,8 +212,13 @@ def run_comparison(
     budget_steps = check_int("budget_steps", recipe_steps(recipe) if budget_steps is None else budget_steps, 1)
     layouts += [ANCHOR] if anchor else []
     saved = read_saved(out.with_suffix(".json"))
+    same = all(saved.get("protocol", {}).get(key) == value for key, value in (("budget_steps", budget_steps),
+               ("sets", [*SWEEP_SETS, *sets])))  # fmt: skip
+    if same:
+        # a resumed comparison that runs some layouts keeps the ones it already holds in its table
+        kept = set(layouts) | set(saved["protocol"]["layouts"]) | {run["layout"] for run in saved.get("runs", [])}
+        layouts = [name for name in [*LAYOUTS, ANCHOR] if name in kept]
     proto = _protocol(recipe, budget_steps, seeds, layouts, sets)
-    same = all(saved.get("protocol", {}).get(key) == proto[key] for key in ("budget_steps", "sets"))
     results = {"protocol": proto, "runs": saved.get("runs", []) if same else []}
 
     def train(cell: tuple[int, str]) -> dict[str, Any]:
