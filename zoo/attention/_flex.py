@@ -12,7 +12,9 @@ pattern, length, heads and device). A family with a `backend` option checks it a
 `check_backend(backend, self.attn_drop.p, self.reference)` and, in `attend`, when
 `zoo.attention._paths.choose_path(..., flex=True)` returns `Path.FLEX` (the rule `use_flex` states), returns
 `flex_attend(q, k, v, <its FlexMask>, mask, scale=self.scale)` with `mask` the `[b, n]` key padding mask `attend`
-receives. Nothing here names a family.
+receives. A pattern may also differ from sample to sample (`FlexMask.batch`: its mask_mod reads per-sample
+tables, as in FlexAttention's document masking), for a packed batch whose samples have shapes of their own
+(`_grid.ragged_pattern`); its block mask is then one per batch. Nothing here names a family.
 
 Letter legend: b - batch, h - heads, n - length, d - head dim, k - blocks.
 """
@@ -50,7 +52,9 @@ class FlexMask:
     mask_mod(b, h, q_idx, kv_idx) -> bool, True where query q_idx may see key kv_idx; `length`: the sequence
     length the pattern was built for (None: any length); `per_head`: whether it depends on h; `order`: `[n]`
     long, the token permutation the pattern is written in (None: the sequence order), applied to q, k, v and
-    undone on the output by `flex_attend`, so that a pattern's blocks are dense in that order. Hashed by
+    undone on the output by `flex_attend`, so that a pattern's blocks are dense in that order; `batch`: the batch
+    size of a pattern whose mask_mod reads per-sample tables `[batch, n]` (a packed batch of samples of their own
+    shapes, as FlexAttention's document masking does), None where every sample has the same pattern. Hashed by
     identity: the builders are cached, so equal parameters give the same object and the same cached block mask.
     """
 
@@ -58,6 +62,7 @@ class FlexMask:
     length: int | None = None
     per_head: bool = False
     order: Tensor | None = None
+    batch: int | None = None
 
 
 def check_backend(backend: str, attn_drop: float = 0.0, reference: bool = False) -> str:
@@ -89,13 +94,15 @@ def _compiled_flex():
 @functools.lru_cache(maxsize=32)
 def _block_structure(pattern: FlexMask, length: int, heads: int, device: torch.device) -> tuple[Tensor, ...]:
     """`(partial_num, partial_idx, full_num, full_idx, any_num, any_idx)` of the pattern's `BLOCK` x `BLOCK`
-    blocks, each pair `[1, heads, kq, kk]`-style as `BlockMask.from_kv_blocks` takes it; `any` lists partial and
-    full blocks together (for a mask_mod with key padding folded in, under which no block stays full).
+    blocks, each pair `[batch, heads, kq, kk]`-style as `BlockMask.from_kv_blocks` takes it (batch: the pattern's,
+    else 1); `any` lists partial and full blocks together (for a mask_mod with key padding folded in, under which
+    no block stays full).
 
-    The dense mask is evaluated a chunk of query blocks at a time, never `[n, n]` whole.
+    The dense mask is evaluated a chunk of query blocks at a time, never `[b, n, n]` whole.
     """
+    batch = pattern.batch or 1
     kv_blocks = -(-length // BLOCK)
-    rows = max(BLOCK, CHUNK_ELEMENTS // (length * heads) // BLOCK * BLOCK)
+    rows = max(BLOCK, CHUNK_ELEMENTS // (length * heads * batch) // BLOCK * BLOCK)
     partial, full = [], []
     for start in range(0, length, rows):
         count = min(rows, length - start)
@@ -103,7 +110,7 @@ def _block_structure(pattern: FlexMask, length: int, heads: int, device: torch.d
         def shifted(b, h, q_idx, kv_idx, start=start):
             return pattern.mask_mod(b, h, q_idx + start, kv_idx)
 
-        dense = create_mask(shifted, 1, heads, count, length, device)
+        dense = create_mask(shifted, batch, heads, count, length, device)
         dense = F.pad(dense, (0, kv_blocks * BLOCK - length, 0, -count % BLOCK))
         sums = dense.unflatten(-1, (kv_blocks, BLOCK)).unflatten(2, (-1, BLOCK)).sum((3, 5), dtype=torch.int32)
         partial.append((sums > 0) & (sums < BLOCK * BLOCK))
@@ -113,7 +120,7 @@ def _block_structure(pattern: FlexMask, length: int, heads: int, device: torch.d
 
 
 def _ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:
-    """Dense `[1, h, kq, kk]` bool blocks -> (count `[1, h, kq]`, indices `[1, h, kq, kk]`, listed blocks first)."""
+    """Dense `[b, h, kq, kk]` bool blocks -> (count `[b, h, kq]`, indices `[b, h, kq, kk]`, listed blocks first)."""
     indices = torch.argsort(blocks.to(torch.int8), dim=-1, descending=True, stable=True)
     return blocks.sum(-1, dtype=torch.int32), indices.to(torch.int32)
 
@@ -161,9 +168,11 @@ def flex_attend(
     keys are all masked gets zeros. On CPU the forward runs, a backward does not (torch 2.14): a call that needs
     gradients there is refused.
     """
-    _, h, n, _ = q.shape
+    b, h, n, _ = q.shape
     if pattern.length is not None and n != pattern.length:
         raise ValueError(f"this attention pattern was built for {pattern.length} tokens, got {n}")
+    if pattern.batch is not None and b != pattern.batch:
+        raise ValueError(f"this attention pattern was built for a batch of {pattern.batch} samples, got {b}")
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         _refuse_cpu_backward()
     order = pattern.order

@@ -4,14 +4,18 @@ token checks, the prefix tokens every token sees, and the backends.
 The tokens are `num_prefix_tokens` prefix tokens (class, registers) and then the rows x cols patch grid in raster
 order. A family's geometry is one function of the grid in its own file; from it come its dense `[n, n]` pattern
 (`with_prefix`, the reference the tests compare with), its FlexAttention pattern (`prefix_table`) and its torch
-path. A NaFlex batch gives every sample a grid of its own (`set_grids`): `ragged_attend` runs each distinct grid on
-its samples' leading tokens, so windows never span two samples or padding.
+path. A NaFlex batch gives every sample a grid of its own (`set_grids`): on FlexAttention one call covers the whole
+padded batch (`ragged_pattern`: its mask_mod reads each token's sample, row and column from per-sample tables, as
+FlexAttention's document masking does); the torch path and the reference run each distinct grid on its samples'
+leading tokens (`ragged_attend`). Either way windows never span two samples or padding.
 
 Letter legend: b - batch, h - heads, n - tokens, m - keys, d - head dim, p - prefix tokens.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -26,14 +30,23 @@ from ._paths import Path, choose_path
 __all__ = [
     "GridAttention",
     "check_grid",
+    "check_ragged",
     "check_tokens",
     "global_rows",
     "grid_coordinates",
     "masked_sdpa",
     "prefix_table",
     "ragged_attend",
+    "ragged_pattern",
+    "ragged_tables",
     "with_prefix",
 ]
+
+# An axis rule (`GridAttention.axis_rule`): `rule(length, *options, device)` -> per cell `[length]` long, its group,
+# its step in the group, and the first and one-past-last step of the cells of its group it sees.
+AxisRule = Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
+# The group `ragged_tables` gives a prefix token (`prefix_table`'s -1) and a padded one.
+PREFIX, PADDED = -1, -2
 
 
 def check_grid(grid_size: object) -> tuple[int, int]:
@@ -105,43 +118,100 @@ def global_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
     return masked_sdpa(q, k, v, keep, scale, dropout_p)
 
 
-def ragged_attend(
-    attend_grid, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grids: list, p: int, backend: str
-) -> Tensor:
-    """A 2-D family on a batch whose samples have grids of their own (NaFlex): the samples of each distinct grid
-    are run together on their leading `p + rows * cols` tokens, exactly as that grid alone, so no window spans
-    two samples or padding; padded queries get zeros.
-
-    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool or None; grids: `(rows, cols)` per sample; attend_grid(q, k, v,
-    mask, grid, flex) runs one grid. With backend 'auto' the torch path runs (each distinct length would compile a
-    FlexAttention kernel of its own); 'flex' keeps FlexAttention.
-    """
-    b, _, n, _ = q.shape
+def check_ragged(grids: list, b: int, n: int, p: int) -> list[tuple[int, int]]:
+    """Every sample's grid `(rows, cols)` of a batch of `b` samples of `n` tokens with `p` prefix tokens, checked
+    to be one a sample and to fit the tokens."""
     if len(grids) != b:
         raise ValueError(f"{len(grids)} grids set (set_grids) for a batch of {b} samples")
+    for rows, cols in grids:
+        if p + rows * cols > n:
+            raise ValueError(
+                f"grid {rows} x {cols} with {p} prefix tokens needs {p + rows * cols} tokens, the batch has {n}"
+            )
+    return [tuple(grid) for grid in grids]
+
+
+def ragged_attend(attend_grid, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grids: list, p: int) -> Tensor:
+    """A 2-D family on a batch whose samples have grids of their own (NaFlex), one distinct grid at a time: the
+    samples of each grid are run together on their leading `p + rows * cols` tokens, exactly as that grid alone, so
+    no window spans two samples or padding; padded queries get zeros (the torch path and the reference; on
+    FlexAttention `ragged_pattern` covers the batch in one call).
+
+    q, k, v: `[b, h, n, d]`; mask: `[b, n]` bool or None; grids: `(rows, cols)` per sample, checked
+    (`check_ragged`); attend_grid(q, k, v, mask, grid) runs one grid -> `[b, h, n, d]`.
+    """
+    n = q.shape[2]
     out = q.new_zeros(q.shape)
     by_grid: dict[tuple[int, int], list[int]] = {}
     for index, grid in enumerate(grids):
         by_grid.setdefault(tuple(grid), []).append(index)
     for (rows, cols), samples in by_grid.items():
         length = p + rows * cols
-        if length == n and len(samples) == b:  # one grid, no padding: the plain call
-            return attend_grid(q, k, v, mask, (rows, cols), flex=backend == "flex")
-        if length > n:
-            raise ValueError(f"grid {rows} x {cols} with {p} prefix tokens needs {length} tokens, the batch has {n}")
         index = torch.tensor(samples, device=q.device)
         part = [x.index_select(0, index)[:, :, :length] for x in (q, k, v)]
         keep = None if mask is None else mask.index_select(0, index)[:, :length]
-        result = attend_grid(*part, keep, (rows, cols), flex=backend == "flex")
+        result = attend_grid(*part, keep, (rows, cols))
         out = out.index_copy(0, index, F.pad(result, (0, 0, 0, n - length)))
     return out
+
+
+def ragged_tables(rule: AxisRule, options: tuple, grids: tuple, p: int, n: int, device: torch.device) -> Tensor:
+    """`[8, b, n]` long: for every token of each sample (`p` prefix tokens, its grid in raster order, padding up to
+    `n`), the `rule` tables of its row (group, step, first and one-past-last step it sees) then of its column, on
+    that sample's own grid; a prefix token has -1 in all eight (`PREFIX`), a padded one group `PADDED` and 0 steps.
+    Exactly n entries a sample: FlexAttention's mask_mod reads them (see `BLOCK` in `_flex`)."""
+    tables = torch.zeros(8, len(grids), n, dtype=torch.long, device=device)
+    tables[[0, 4]] = PADDED
+    by_grid: dict[tuple[int, int], list[int]] = {}
+    for index, grid in enumerate(grids):
+        by_grid.setdefault(tuple(grid), []).append(index)
+    for grid, samples in by_grid.items():
+        per_token = [
+            prefix_table(table[coord], p)
+            for coord, length in zip(grid_coordinates(grid, device), grid, strict=True)
+            for table in rule(length, *options, device)
+        ]
+        index = torch.tensor(samples, device=device)
+        tables[:, index, : p + grid[0] * grid[1]] = torch.stack(per_token)[:, None]
+    return tables
+
+
+@functools.lru_cache(maxsize=8)
+def ragged_pattern(rule: AxisRule, options: tuple, grids: tuple, p: int, n: int, device: torch.device) -> FlexMask:
+    """One FlexAttention pattern for a packed batch whose samples have grids of their own (`grids`, a tuple of
+    `(rows, cols)`, one a sample), in the sequence order (not the window or band order of `flex_pattern`, which
+    would differ from sample to sample): a cell sees the cells its row's and its column's `rule`
+    allow on its own sample's grid (`ragged_tables`), prefix tokens see and are seen by every token of their sample,
+    padding is seen by none and sees none (its output is zeros). Cached: the blocks of a forward are built once for
+    all its layers."""
+    row_group, row, row_low, row_high, col_group, col, col_low, col_high = ragged_tables(
+        rule, options, grids, p, n, device
+    )
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rows = (
+            (row_group[b, kv_idx] == row_group[b, q_idx])
+            & (row[b, kv_idx] >= row_low[b, q_idx])
+            & (row[b, kv_idx] < row_high[b, q_idx])
+        )
+        cols = (
+            (col_group[b, kv_idx] == col_group[b, q_idx])
+            & (col[b, kv_idx] >= col_low[b, q_idx])
+            & (col[b, kv_idx] < col_high[b, q_idx])
+        )
+        query, key = row_group[b, q_idx], row_group[b, kv_idx]
+        prefix = ((query == PREFIX) | (key == PREFIX)) & (query != PADDED) & (key != PADDED)
+        return (rows & cols) | prefix
+
+    return FlexMask(mask_mod, n, batch=len(grids))
 
 
 class GridAttention(AttentionBase):
     """Attention on the patch grid: the `grid_size`, `num_prefix_tokens`, `backend` and `reference` options
     (checked by `init_grid`), `set_grid`, and the path of each call (`choose_path`: the reference, FlexAttention or
     the torch path). A subclass implements `reference_attention` (its reference function: its dense pattern over
-    exact softmax), `flex_pattern` and `torch_attention`."""
+    exact softmax), `flex_pattern`, `torch_attention` and `axis_rule` (its pattern along one axis, from which
+    `ragged_pattern` builds the FlexAttention pattern of a batch of samples with grids of their own)."""
 
     needs_grid: ClassVar[bool] = True
     has_attention_weights: ClassVar[bool] = True
@@ -167,9 +237,19 @@ class GridAttention(AttentionBase):
         self.grids = None if grids is None else [check_grid(grid) for grid in grids]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-        if self.grids is not None:
-            return ragged_attend(self._attend_grid, q, k, v, mask, self.grids, self.num_prefix_tokens, self.backend)
-        return self._attend_grid(q, k, v, mask, check_tokens(q.shape[-2], self.grid_size, self.num_prefix_tokens))
+        p, (b, _, n, _) = self.num_prefix_tokens, q.shape
+        if self.grids is None:
+            return self._attend_grid(q, k, v, mask, check_tokens(n, self.grid_size, p))
+        grids = check_ragged(self.grids, b, n, p)
+        # With backend 'auto' the torch path runs: each padded length would compile a FlexAttention kernel of its own.
+        flex = self.backend == "flex"
+        if len(set(grids)) == 1 and p + grids[0][0] * grids[0][1] == n:  # one grid, no padding: the plain call
+            return self._attend_grid(q, k, v, mask, grids[0], flex=flex)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        if choose_path(q, reference=self.reference, backend=self.backend, dropout_p=dropout_p, flex=flex) is Path.FLEX:
+            pattern = ragged_pattern(*self.axis_rule(), tuple(grids), p, n, q.device)
+            return flex_attend(q, k, v, pattern, mask, scale=self.scale)
+        return ragged_attend(functools.partial(self._attend_grid, flex=False), q, k, v, mask, grids, p)
 
     def _attend_grid(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grid: tuple[int, int], flex: bool = True
@@ -193,6 +273,12 @@ class GridAttention(AttentionBase):
 
     def torch_attention(self, q, k, v, mask, grid: tuple[int, int], dropout_p: float) -> Tensor:
         """The torch path on `[b, h, n, d]` tensors."""
+        raise NotImplementedError
+
+    def axis_rule(self) -> tuple[AxisRule, tuple]:
+        """`(rule, options)`: the pattern along one axis of the grid (`AxisRule`, called `rule(length, *options,
+        device)`), of which the family's pattern on the cells is that of the rows and that of the columns together.
+        Module-level functions and plain options, so that equal layers share one cached `ragged_pattern`."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

@@ -351,6 +351,9 @@ class NeighborhoodAttention(GridAttention):
             dropout_p=dropout_p,
         )
 
+    def axis_rule(self):
+        return axis_neighborhood, (self.kernel, self.dilation)
+
     def flex_pattern(self, grid: tuple[int, int], device: torch.device):
         return neighborhood_mask(grid, self.num_prefix_tokens, self.kernel, self.dilation, device, self.tile_rows)
 

@@ -45,6 +45,7 @@ __all__ = [
     "window2d_keep",
     "window2d_mask",
     "window2d_reference",
+    "window_axis",
     "window_ids",
 ]
 
@@ -64,6 +65,15 @@ def window_ids(grid_size: tuple[int, int], window: int, shift: int = 0, device=N
     (row_size, top, _), (col_size, left, _) = (axis_windows(length, window, shift) for length in grid_size)
     # Column windows number at most the column count, so (row window, column window) -> one id is one to one.
     return (row + top) // row_size * (grid_size[1] + 1) + (col + left) // col_size
+
+
+def window_axis(length: int, window: int, shift: int = 0, device=None) -> tuple[Tensor, ...]:
+    """Along an axis of `length` cells, per cell `[length]` long: its group (0, one for all), its step (the cell) and
+    the first and one-past-last cell of its window (`axis_windows`; the pattern along an axis, `axis_rule`)."""
+    size, lead, _ = axis_windows(length, window, shift)
+    cell = torch.arange(length, device=device)
+    first = (cell + lead) // size * size - lead
+    return torch.zeros_like(cell), cell, first.clamp(min=0), (first + size).clamp(max=length)
 
 
 def window2d_keep(
@@ -235,6 +245,9 @@ class Window2dAttention(GridAttention):
             scale=self.scale,
             dropout_p=dropout_p,
         )
+
+    def axis_rule(self):
+        return window_axis, (self.window, self.shift)
 
     def flex_pattern(self, grid: tuple[int, int], device: torch.device):
         return window2d_mask(grid, self.num_prefix_tokens, self.window, self.shift, device)

@@ -1,4 +1,4 @@
-"""A zoo ViT as a folder: `save_pretrained`, `load_model`, and the Hugging Face hub.
+"""A zoo ViT (or NaFlex ViT) as a folder: `save_pretrained`, `load_model`, and the Hugging Face hub.
 
 `save_pretrained(model, folder)` writes `model.safetensors` and a `config.json` in timm's hub layout
 (`architecture`, `model_args`, `pretrained_cfg`, `label_names`) through timm's `save_for_hf`, so
@@ -10,6 +10,10 @@ also reads a run of tools/train.py (`runs/NAME`, a checkpoint folder in it, or i
 is rebuilt from the run's `recipe.yaml` and `model.json` (`zoo.hub.runs`) without its training data, with the weights
 that `zoo.hub._run_weights.open_run` verified (the one route from a run or checkpoint to weights). Reading and
 checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `zoo._weights`.
+
+A NaFlex ViT (`zoo.models.naflex`, classifier or segmentation) goes the same way: its config records no input size
+(each image is read at its own), and a NaFlex run's normalisation (`model.json`'s `naflex` entry) becomes the saved
+`mean` and `std`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from torch import nn
 
 from .._validate import first_line, unknown_name
 from .._weights import WEIGHTS_NAME, WeightsError, check_state_dict, read_weights
+from ..models.naflex import ZooNaFlexVit
 from ..models.vit import per_channel
 from ._run_weights import CHECKPOINTS, RunWeights, find_run, open_run
 from .runs import MODEL_FILE, RECIPE_FILE
@@ -54,8 +59,9 @@ _DATA_KEYS = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
 
 def model_args(model: nn.Module) -> dict[str, Any]:
     """The keyword arguments that rebuild `model` as it is now with `timm.create_model(architecture, **args)`: its
-    construction record (`zoo_args`, set in `ZooVisionTransformer.__init__`, updated by `zoo.convert.model`'s attention
-    swap) with what timm changes since (`reset_classifier`, `set_input_size`); drop rates left out."""
+    construction record (`zoo_args`, set in `ZooVisionTransformer.__init__` and `ZooNaFlexVit.__init__`, updated by
+    `zoo.convert.model`'s attention swap) with what timm changes since (`reset_classifier`, `set_input_size`); drop
+    rates left out."""
     recorded = getattr(model, "zoo_args", None)
     if not isinstance(recorded, dict):
         raise TypeError(
@@ -64,13 +70,14 @@ def model_args(model: nn.Module) -> dict[str, Any]:
         )
     args = {k: v for k, v in recorded.items() if not k.endswith("drop_rate")}
     _check_attention(model, args)
-    args.update(
-        img_size=list(model.patch_embed.img_size),
-        patch_size=list(model.patch_embed.patch_size),
-        num_classes=model.num_classes,
-        global_pool=model.global_pool,
-        dynamic_img_size=model.dynamic_img_size,
-    )
+    args.update(num_classes=model.num_classes, global_pool=model.global_pool)
+    if not isinstance(model, ZooNaFlexVit):
+        # a NaFlex ViT has no input size: each image is patchified at its own
+        args.update(
+            img_size=list(model.patch_embed.img_size),
+            patch_size=list(model.patch_embed.patch_size),
+            dynamic_img_size=model.dynamic_img_size,
+        )
     for key, value in args.items():
         try:
             json.dumps(value)
@@ -108,9 +115,11 @@ def _data_config(model: nn.Module, args: dict[str, Any], data_config: Mapping[st
         cfg.pop(key, None)
     cfg.update(data_config or {})
     in_chans = args.get("in_chans", 3)
+    # a NaFlex ViT reads each image at its own size: the architecture's size stands as a nominal one
+    size = args["img_size"] if "img_size" in args else list(cfg.get("input_size", (in_chans, 384, 384)))[1:]
     cfg.update(
-        input_size=[in_chans, *args["img_size"]],
-        fixed_input_size=not args["dynamic_img_size"],
+        input_size=[in_chans, *size],
+        fixed_input_size=not args.get("dynamic_img_size", True),
         num_classes=args["num_classes"],
         pool_size=None,
         custom_load=False,
@@ -286,8 +295,9 @@ def _load_run(run: RunWeights) -> nn.Module:
     model = run.build_model()
     description = run.description
     model.zoo_run = description
-    if description.get("pretrained_cfg") is not None:
-        stored = description["pretrained_cfg"]
+    # a ViT run records timm's preprocessing, a NaFlex run its normalisation (its images keep their own size)
+    stored = description.get("pretrained_cfg") or description.get("naflex")
+    if stored is not None:
         cfg = _data_config(model, model_args(model), {k: stored[k] for k in _DATA_KEYS if k in stored})
         config = {"architecture": model.pretrained_cfg["architecture"], "pretrained_cfg": cfg}
         config["label_names"] = description.get("label_names")

@@ -22,7 +22,9 @@ take any zoo attention through timm's `block_fn` / `attn_layer` slots, with thes
 
 Per-block layouts (`global_blocks`, `global_attention`), `ff_chunks`, gradient checkpointing, `forward_intermediates`
 and `features_only` are timm's and the ViT kind's. Registered as `zoo_naflexvit_<timm name>`; timm's NaFlex (and
-classic ViT) checkpoints load where the shapes match (`checkpoint_filter_fn`, `pretrained_file=`).
+classic ViT) checkpoints load where the shapes match (`checkpoint_filter_fn`, `pretrained_file=`), and a zoo NaFlex
+model saved by `zoo.save_pretrained` loads back, decoder included (`zoo.load_model`, or timm's
+`pretrained_cfg_overlay=dict(file=...)`).
 
 Letter legend: b - batch, n - tokens, p - prefix tokens, c - channels.
 """
@@ -38,8 +40,9 @@ import timm
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled
 from timm.data import IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg, generate_default_cfgs, load_pretrained, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
 from timm.models.naflexvit import checkpoint_filter_fn as naflex_checkpoint_filter_fn
 from torch import Tensor, nn
@@ -47,7 +50,7 @@ from torch import Tensor, nn
 from .._validate import unknown_name
 from .._weights import WeightsError, read_weights
 from .blocks import block_class
-from .vit import _attention_layer, _check_global_blocks, _is_attention_extra
+from .vit import _attention_layer, _check_global_blocks, _hub_failure, _is_attention_extra
 
 __all__ = [
     "NAFLEX_ARCHITECTURES",
@@ -302,19 +305,23 @@ class NaFlexSegmentation(ZooNaFlexVit):
 
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: ZooNaFlexVit) -> dict[str, Tensor]:
     """timm's NaFlex filter (classic ViT layouts converted), then a variant's own attention parameters, which no
-    timm checkpoint holds, kept at the model's initialisation (logged); another classifier size is re-initialised.
-    Anything else that does not fit is a one-line `WeightsError`."""
+    timm checkpoint holds, kept at the model's initialisation (logged); another classifier size is re-initialised;
+    a position table of another grid is resampled. A segmentation model takes the checkpoint's decoder where it has
+    one that fits (a zoo save), else keeps its own (logged). Anything else that does not fit is a one-line
+    `WeightsError`."""
     state = naflex_checkpoint_filter_fn(dict(state_dict), model)
     target = model.state_dict()
     for key in [k for k in state if k.startswith("head") and k in target and state[k].shape != target[k].shape]:
         _logger.warning("classifier %s has another class count and was re-initialised", key)
         state[key] = target[key]
     if isinstance(model, NaFlexSegmentation):
-        # the checkpoint's classifier has no place in a segmentation model; its decoder starts from initialisation
+        # a classifier has no place in a segmentation model
         state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc_norm.", "attn_pool."))}
         decoder = [k for k in target if k.startswith("decoder.")]
-        _logger.warning("%d decoder parameters keep their initialisation", len(decoder))
-        state.update({k: target[k] for k in decoder})
+        own = [k for k in decoder if k not in state or state[k].shape != target[k].shape]
+        if own:
+            _logger.warning("%d of the %d decoder parameters keep their initialisation", len(own), len(decoder))
+        state.update({k: target[k] for k in own})
     extra = [k for k in target if k not in state and _is_attention_extra(k)]
     if extra:
         _logger.warning(
@@ -330,20 +337,36 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: ZooNaFlexVit) -> 
             f"weights do not fit the NaFlex model: missing {missing[:6]}, unexpected {unexpected[:6]}, other shapes "
             f"{wrong[:6]}"
         )
+    pos = "embeds.pos_embed"
+    if pos in state and state[pos].shape != target[pos].shape:
+        from timm.layers import resample_abs_pos_embed_nhwc
+
+        state[pos] = resample_abs_pos_embed_nhwc(state[pos], model.embeds.pos_embed.shape[1:3])
     return state
 
 
 def load_naflex_weights(model: ZooNaFlexVit, path: str | Path) -> None:
-    """Load a timm NaFlex (or classic ViT) weights file into the built `model`, adapted by `checkpoint_filter_fn`
-    (a position table of another grid is resampled by timm's filter)."""
-    path = Path(path).expanduser()
-    state = checkpoint_filter_fn(read_weights(path), model)
-    pos = "embeds.pos_embed"
-    if pos in state and state[pos].shape != model.state_dict()[pos].shape:
-        from timm.layers import resample_abs_pos_embed_nhwc
+    """Load a timm NaFlex (or classic ViT) weights file, or a zoo NaFlex model's, into the built `model`, adapted by
+    `checkpoint_filter_fn`."""
+    model.load_state_dict(checkpoint_filter_fn(read_weights(Path(path).expanduser()), model))
 
-        state[pos] = resample_abs_pos_embed_nhwc(state[pos], model.embeds.pos_embed.shape[1:3])
-    model.load_state_dict(state)
+
+def _load_pretrained_weights(model: ZooNaFlexVit) -> None:
+    """timm's `load_pretrained` of the weights `model.pretrained_cfg` names (a `file`, read by `read_weights`, else
+    the hub), with every adaptation in `checkpoint_filter_fn`: the cfg handed to timm names no classifier and the
+    model's own channels, as `zoo.models.vit` does (timm would drop a classifier of a class count other than the
+    architecture's, which the filter keeps, and cannot adapt the linear patch embedding to other channels)."""
+    cfg = dict(model.pretrained_cfg)
+    source = {**cfg, "first_conv": None, "classifier": None, "input_size": (model.in_chans, *cfg["input_size"][1:])}
+    if source.get("file") and source.get("state_dict") is None:
+        source["state_dict"] = read_weights(Path(source["file"]).expanduser())
+    try:
+        load_pretrained(
+            model, pretrained_cfg=source, num_classes=model.num_classes, in_chans=model.in_chans,
+            filter_fn=checkpoint_filter_fn,
+        )  # fmt: skip
+    except (EntryNotFoundError, HfHubHTTPError, OfflineModeIsEnabled) as error:
+        raise RuntimeError(_hub_failure(cfg["architecture"], error)) from None
 
 
 def _cfg(**kwargs: Any) -> dict[str, Any]:
@@ -388,10 +411,15 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> ZooNaFlexV
     cfg = NaFlexVitCfg(**_ARCHITECTURES[base])
     out_indices = kwargs.pop("out_indices", 3)
     model_cls = NaFlexSegmentation if "decoder" in kwargs else ZooNaFlexVit
-    return build_model_with_cfg(
-        model_cls, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, cfg=cfg,
+    # A feature extractor is wrapped once its weights are in: timm loads those itself, through the same filter.
+    features = bool(kwargs.get("features_only"))
+    model = build_model_with_cfg(
+        model_cls, variant, pretrained and features, pretrained_filter_fn=checkpoint_filter_fn, cfg=cfg,
         feature_cfg={"out_indices": out_indices, "feature_cls": "getter"}, **kwargs,
     )  # fmt: skip
+    if pretrained and not features:
+        _load_pretrained_weights(model)
+    return model
 
 
 @register_model

@@ -272,7 +272,9 @@ class NativeImages(Dataset):
         if left_out:
             reasons = ", ".join(f"{count} with {reason}" for reason, count in sorted(left_out.items()))
             _logger.warning("%s: left out %d of %d images (%s)", where, sum(left_out.values()), len(sizes), reasons)
-        if not self.indices:
+        # a split with no image at all is refused by the dataset registry, naming the split; here only one whose
+        # images were all left out by the checks above
+        if sizes and not self.indices:
             raise ValueError(f"{where}: no image is left (see the warning above); lower min_side or raise max_aspect")
         self.sizes = [sizes[i] for i in self.indices]
         self.lengths = [self.tokens_of(*size) for size in self.sizes]
