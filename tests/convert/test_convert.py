@@ -1,6 +1,8 @@
 """Converting a softmax ViT: attention swap at a new resolution, stage 1 (attention transfer), stage 2 (fine-tuning),
 each stage a Trainer run on a tiny MegaMNIST recipe (64-px canvases, 16 training samples in batches of 8)."""
 
+import dataclasses
+import json
 import sys
 from types import SimpleNamespace
 
@@ -14,7 +16,7 @@ import zoo
 from zoo.attention.hedgehog import HedgehogAttention
 from zoo.config import recipe_from_dict
 from zoo.convert.model import Distillation, attention_mse, attention_parameters, swap_attention
-from zoo.convert.run import finetune, transfer_attention
+from zoo.convert.run import convert_run, finetune, transfer_attention
 from zoo.kinds import get_model_kind
 from zoo.splits import build_loader, build_split
 
@@ -139,6 +141,33 @@ def test_stage1_lowers_the_attention_mse_and_moves_only_the_feature_maps(window,
     assert all(torch.equal(teacher_state[k], v) for k, v in teacher.state_dict().items())
     # a run of the Trainer, with its checkpoint
     assert (tmp_path / "checkpoints" / "last" / "manifest.json").is_file()
+
+
+def _last_lr(run_dir) -> float:
+    """The learning rate a stage's run recorded at its end (its one evaluation record)."""
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["lr"]
+
+
+@pytest.mark.parametrize("stage1,last_lr", [({}, 1e-2), ({"schedule": "cosine"}, 1e-5)])
+def test_stage1_holds_its_rate_where_stage2_follows_the_recipes_cosine(stage1, last_lr, tmp_path):
+    # the recipe decays to 1e-5 by the run's last step; stage 1 keeps the rate it is given unless told the recipe's
+    recipe = dataclasses.replace(RECIPE, schedule=dataclasses.replace(RECIPE.schedule, name="cosine", min_lr=1e-5))
+    teacher = spiky_teacher(**DIGITS)
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
+    transfer_attention(teacher, student, recipe, steps=2, lr=1e-2, run_dir=tmp_path / "stage1", **stage1)
+    assert _last_lr(tmp_path / "stage1") == pytest.approx(last_lr)
+    finetune(student, recipe, steps=2, lr=1e-3, run_dir=tmp_path / "stage2")
+    assert _last_lr(tmp_path / "stage2") == pytest.approx(1e-5)
+
+
+def test_stage1_names_a_schedule_that_is_not_one(tmp_path):
+    teacher = spiky_teacher(**DIGITS)
+    student = swap_attention(teacher, "hedgehog", {"feature_dim": 32}, img_size=64)
+    with pytest.raises(ValueError, match=r"schedule='linear' is not a schedule: use one of cosine, constant, step"):
+        transfer_attention(teacher, student, RECIPE, steps=1, run_dir=tmp_path, schedule="linear")
+    # convert_run refuses it before it reads the teacher
+    with pytest.raises(ValueError, match="stage1_schedule='warm'"):
+        convert_run(tmp_path / "missing", RECIPE, stage1_schedule="warm")
 
 
 @pytest.mark.parametrize("name,own", [("linear", []), ("performer", []), ("nystrom", ["conv.weight"])])

@@ -14,10 +14,13 @@ recipe's data, by `zoo.convert.model`'s stages, and written as a run directory.
 3. stage 2, `finetune`: the task loss on all weights, distilled from the teacher's logits when the teacher's head
    predicts the same classes (`zoo.convert.model.Distillation`).
 
-Each stage is a Trainer run with the stage's objective (`zoo.train.stages.run_stage`): the recipe's optimizer and
-schedule (the schedule's warm-up left out: a stage starts from trained weights) at the stage's learning rate for the
-stage's steps, its clipping, mixed precision, ddp (`torchrun --nproc_per_node N tools/convert.py ...`), non-finite
-handling and trackers; checkpoints and logs in `<run_dir>/stages/stage1` and `stage2`.
+Each stage is a Trainer run with the stage's objective (`zoo.train.stages.run_stage`): the recipe's optimizer at the
+stage's learning rate for the stage's steps, its clipping, mixed precision, ddp (`torchrun --nproc_per_node N
+tools/convert.py ...`), non-finite handling and trackers; checkpoints and logs in `<run_dir>/stages/stage1` and
+`stage2`. Stage 2 follows the recipe's schedule without its warm-up (a stage starts from trained weights); stage 1
+holds its rate constant (`stage1_schedule`), as LoLCATs' attention transfer does: its feature maps start afresh on
+a target that does not move, and the recipe's cosine, spent over a stage of a few dozen steps, left them short of
+it (`make bench-conversion` measures both).
 
 With `run_dir` the result is a run directory of tools/train.py's layout: `recipe.yaml` (the recipe that builds the
 student), `model.json`, `checkpoints/best` and `last`, `metrics.jsonl` (one record per evaluated stage) and
@@ -31,6 +34,7 @@ import json
 import logging
 import shutil
 import tempfile
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +47,7 @@ from torch import nn
 
 from .._validate import check_int
 from .._weights import read_weights
-from ..config import Recipe
+from ..config import Recipe, ScheduleConfig
 from ..evaluate import evaluate
 from ..hub._run_weights import without_pretrained
 from ..hub.load import is_model_source, load_model
@@ -70,6 +74,8 @@ __all__ = ["ConversionResult", "convert_run", "finetune", "stage_recipe", "trans
 _logger = logging.getLogger(__name__)
 
 STAGES = ("swap", "stage1", "stage2")
+# what a stage's `schedule` may name: the recipe's schedules (`schedule.name`)
+SCHEDULES: tuple[str, ...] = typing.get_args(typing.get_type_hints(ScheduleConfig)["name"])
 
 
 @dataclass
@@ -127,14 +133,22 @@ def _warn_unless_softmax(teacher: nn.Module, source: Path) -> None:
         )
 
 
-def stage_recipe(recipe: Recipe, stage: str, steps: int, lr: float, log_every: int = 0) -> Recipe:
+def stage_recipe(
+    recipe: Recipe, stage: str, steps: int, lr: float, log_every: int = 0, *, schedule: str | None = None
+) -> Recipe:
     """The recipe of a conversion stage's run: `steps` optimizer steps at `lr` in the recipe's optimizer and schedule
-    without its warm-up, one record and checkpoint at the end, no validation (`convert_run` evaluates each stage)."""
+    without its warm-up (`schedule`, one of `SCHEDULES`, in place of the recipe's `schedule.name` when given), one
+    record and checkpoint at the end, no validation (`convert_run` evaluates each stage)."""
     train = {"epochs": steps, "max_steps": steps, "validate": False, "eval_every_epochs": steps, "pretrain": None}
     train |= {"checkpoint_every_steps": None, "log_every_steps": log_every or recipe.train.log_every_steps}
-    return objective_recipe(
-        recipe, f"{recipe.name}_{stage}", train=train, optim={"lr": lr}, schedule={"warmup_steps": 0}
-    )
+    rate = {"warmup_steps": 0} | ({} if schedule is None else {"name": _schedule_name("schedule", schedule)})
+    return objective_recipe(recipe, f"{recipe.name}_{stage}", train=train, optim={"lr": lr}, schedule=rate)
+
+
+def _schedule_name(name: str, value: object) -> str:
+    if value not in SCHEDULES:
+        raise ValueError(f"{name}={value!r} is not a schedule: use one of {', '.join(SCHEDULES)}")
+    return value
 
 
 def transfer_attention(
@@ -145,17 +159,20 @@ def transfer_attention(
     lr: float = 1e-2,
     *,
     run_dir: str | Path,
+    schedule: str = "constant",
     log_every: int = 0,
 ) -> TransferReport:
     """Stage 1, attention transfer: train only `attention_parameters(student)` for `steps` steps at `lr` (LoLCATs:
-    1e-2) on `recipe`'s training images, as a run into `run_dir` (`stage_recipe`), to minimise the sum over blocks of
-    MSE(student attention(x_i), teacher attention(x_i)) (`AttentionTransfer`).
+    1e-2) on `recipe`'s training images, as a run into `run_dir` (`stage_recipe`, the rate following `schedule`:
+    constant, as LoLCATs', or one of the recipe's others), to minimise the sum over blocks of MSE(student
+    attention(x_i), teacher attention(x_i)) (`AttentionTransfer`).
 
     Every other student tensor is left bitwise unchanged, and the previous `requires_grad` flags and train/eval mode
     are restored. A variant with no parameters of its own returns at once with `skipped=True`.
     """
     check_int("steps", steps, 0)
     _check_positive("lr", lr)
+    _schedule_name("schedule", schedule)
     own = attention_parameters(student)
     if not own:
         name = getattr(student, "zoo_args", {}).get("attention", "this attention")
@@ -166,7 +183,8 @@ def transfer_attention(
         return report
     objective = AttentionTransfer(teacher, student)
     with _mode(student, False), _only_trainable(student, own.values()):
-        run = run_stage(stage_recipe(recipe, "stage1", steps, lr, log_every), run_dir, student, objective)
+        stage = stage_recipe(recipe, "stage1", steps, lr, log_every, schedule=schedule)
+        run = run_stage(stage, run_dir, student, objective)
     report.steps = run.state.step
     report.losses = torch.stack(objective.losses).tolist()
     return report
@@ -230,6 +248,7 @@ def convert_run(
     stage2_steps: int = 200,
     stage1_lr: float = 1e-2,
     stage2_lr: float = 1e-4,
+    stage1_schedule: str = "constant",
     distill_weight: float = 0.5,
     lora_rank: int | None = None,
     eval_split: str | None = "val",
@@ -237,11 +256,12 @@ def convert_run(
     log_every: int = 0,
 ) -> ConversionResult:
     """Convert `teacher` (a run directory, checkpoint or save_pretrained folder, or a timm-layout weights file) to
-    the model `recipe` builds, in `stage1_steps` steps of attention transfer and `stage2_steps` of fine-tuning on
-    the recipe's training split (batches of `data.batch_size`); evaluated on `eval_split` after each stage (None:
-    never) and written to `run_dir` when given (see the module docstring)."""
+    the model `recipe` builds, in `stage1_steps` steps of attention transfer (its rate following `stage1_schedule`)
+    and `stage2_steps` of fine-tuning on the recipe's training split (batches of `data.batch_size`); evaluated on
+    `eval_split` after each stage (None: never) and written to `run_dir` when given (see the module docstring)."""
     check_int("stage1_steps", stage1_steps, 0)
     check_int("stage2_steps", stage2_steps, 0)
+    _schedule_name("stage1_schedule", stage1_schedule)
     kind = get_model_kind(recipe.model.kind)
     if kind.name != "vit":
         raise ValueError(f"tools/convert.py converts ViTs; the recipe's model.kind is {kind.name!r}")
@@ -266,7 +286,14 @@ def convert_run(
     stages = Path(run_dir) / "stages" if run_dir is not None else Path(tempfile.mkdtemp(prefix="zoo-convert-"))
     try:
         result.transfer = transfer_attention(
-            teacher_model, student, recipe, stage1_steps, lr=stage1_lr, run_dir=stages / "stage1", log_every=log_every
+            teacher_model,
+            student,
+            recipe,
+            stage1_steps,
+            lr=stage1_lr,
+            run_dir=stages / "stage1",
+            schedule=stage1_schedule,
+            log_every=log_every,
         )
         if not result.transfer.skipped:
             result.metrics.update(_evaluated("stage1", student, recipe, eval_split))
