@@ -20,8 +20,9 @@
 Classification rows hold the `top_k` classes and their probabilities. A segmentation row names the image's predicted
 mask, a palette PNG written to `mask_dir` (`write_mask`; pixel value = class index, the run's class names and the
 palette's colours in `mask_dir/legend.json`), at the model's input size (the image as the eval transform gave it;
-a NaFlex run's at the file's own size, `zoo.data.images.native.native_logits`), and the classes it covers with
-their shares of the image. An input that cannot be read is named in one warning and skipped whole
+a NaFlex model's, from a run or a save_pretrained folder, at the file's own size:
+`zoo.data.images.native.native_logits`), and the classes it covers with their shares of the image. An input that
+cannot be read is named in one warning and skipped whole
 (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are predicted. Inside a folder,
 files that are not inputs of the run's kind (`notes.txt`, `.DS_Store`) are counted in a warning, and so are the
 empty records of a FASTA file. `options` (`tools/predict.py --set data.options.KEY=VALUE`) changes how series files
@@ -352,7 +353,7 @@ def image_loader(model: nn.Module) -> ImageLoader:
     `PIL.Image.open(path).convert("RGB")`) gives the same tensor for 8-bit RGB files but clips 16-bit images and
     drops alpha instead of compositing it on black."""
     native = (getattr(model, "zoo_run", None) or {}).get("naflex")
-    if native:  # a NaFlex run reads each image at its own size (zoo.data.images.native)
+    if native:  # a NaFlex run or saved folder reads each image at its own size (zoo.data.images.native)
         from .data.images.native import NativeLoader
 
         return NativeLoader(native, model.zoo_run["sizes"]["in_chans"])

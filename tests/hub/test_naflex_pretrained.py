@@ -1,15 +1,18 @@
 """NaFlex ViTs as folders: `save_pretrained` -> `load_model`, timm's own routes (a file overlay, `local-dir:`) and
 `push_to_hub`, for classifiers and segmentation models built by hand and for trained NaFlex runs: the same outputs,
-bit for bit, on packed batches of images of their own sizes (tiny models generated in tmp_path)."""
+bit for bit, on packed batches of images of their own sizes, and a run's predictions from its saved folder (tiny
+models generated in tmp_path; hand-built models predicting from a folder: test_naflex_predict.py)."""
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
 import yaml
 from helpers import reset_accelerate
+from PIL import Image
 from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
 from timm.data.naflex_transforms import patchify_image
@@ -17,6 +20,7 @@ from timm.data.naflex_transforms import patchify_image
 import zoo
 from zoo.config import load_recipe
 from zoo.kinds import build_model, sizes_of
+from zoo.predict import predict
 from zoo.splits import build_split
 from zoo.train.loop import Trainer
 
@@ -177,3 +181,23 @@ def test_a_naflex_run_goes_through_save_pretrained(naflex_run, tmp_path):
     native = json.loads((naflex_run / "model.json").read_text())["naflex"]
     assert config["pretrained_cfg"]["mean"] == native["mean"] and config["pretrained_cfg"]["std"] == native["std"]
     assert config["label_names"] == json.loads((naflex_run / "model.json").read_text())["label_names"]
+
+
+def test_a_folder_saved_from_a_run_predicts_as_the_run_does(naflex_run, tmp_path):
+    """The run's reading settings (model.json's `naflex`: budget, resize, normalisation) go into config.json, so
+    zoo.predict gives the folder's model the run's rows, and a segmentation the run's masks, each at its file's size."""
+    run_model = zoo.load_model(naflex_run)
+    loaded = zoo.load_model(zoo.save_pretrained(run_model, tmp_path / "saved"))
+    assert loaded.zoo_run["naflex"] == json.loads((naflex_run / "model.json").read_text())["naflex"]
+    generator = np.random.default_rng(3)
+    images = []
+    for name, size in (("wide.png", (24, 40)), ("tall.png", (72, 20))):  # (height, width): within and over budget
+        Image.fromarray(generator.integers(0, 256, size, dtype=np.uint8)).save(tmp_path / name)
+        images.append(tmp_path / name)
+    got, want = (predict(m, images, mask_dir=tmp_path / f"masks_{i}") for i, m in enumerate((loaded, run_model)))
+    for row, expected in zip(got.rows, want.rows, strict=True):
+        if "mask" in row:
+            mask, expected_mask = (np.asarray(Image.open(r.pop("mask"))) for r in (row, expected))
+            assert np.array_equal(mask, expected_mask)
+            assert mask.shape == np.asarray(Image.open(row["input"])).shape
+        assert row == expected

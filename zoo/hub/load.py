@@ -13,7 +13,20 @@ checking weights (`read_weights`, `check_state_dict`, `WeightsError`) live in `z
 
 A NaFlex ViT (`zoo.models.naflex`, classifier or segmentation) goes the same way: its config records no input size
 (each image is read at its own), and a NaFlex run's normalisation (`model.json`'s `naflex` entry) becomes the saved
-`mean` and `std`.
+`mean` and `std`. Its config.json has one entry of its own, `naflex`: how `zoo.predict` reads an image for it
+(`zoo.data.images.native.NativeLoader`, `READING_KEYS`):
+
+- `patch_size`: the model's patch side in px;
+- `max_tokens`: patches an image at most (a larger one is scaled down keeping its aspect ratio): a run's
+  `data.options.max_tokens`, else `save_pretrained(..., naflex={"max_tokens": N})`, else as many as the model's
+  position table holds (`zoo.models.naflex.native_budget`);
+- `resize`: `native` (each image at its own size) or `square` (the largest square grid within the budget), a run's
+  own or `naflex={"resize": ...}`;
+- `mean`, `std`: the saved `pretrained_cfg`'s normalisation, repeated.
+
+`load_model` gives such a model (a folder without the entry: the model's defaults above) the description a NaFlex
+run's model carries, `model.zoo_run` (`zoo.hub.runs.saved_description`), so `zoo.predict` and
+`zoo.predict.image_loader` read each image at its own size and write a segmentation's masks at each file's size.
 """
 
 from __future__ import annotations
@@ -35,10 +48,10 @@ from torch import nn
 
 from .._validate import first_line, unknown_name
 from .._weights import WEIGHTS_NAME, WeightsError, check_state_dict, read_weights
-from ..models.naflex import ZooNaFlexVit
+from ..models.naflex import NaFlexSegmentation, ZooNaFlexVit, native_budget
 from ..models.vit import per_channel
 from ._run_weights import CHECKPOINTS, RunWeights, find_run, open_run
-from .runs import MODEL_FILE, RECIPE_FILE
+from .runs import MODEL_FILE, RECIPE_FILE, saved_description
 
 __all__ = [
     "WeightsError",
@@ -136,6 +149,7 @@ def save_pretrained(
     class_names: Sequence[str] | None = None,
     data_config: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    naflex: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `model.safetensors` and `config.json` (timm's hub layout, by timm's `save_for_hf`) to `folder`;
     returns the folder.
@@ -143,9 +157,11 @@ def save_pretrained(
     `class_names`: one per output of the head (`label_names`, read back as `model.pretrained_cfg["label_names"]`);
     by default the model's own (a run's class names). `data_config`: the preprocessing the weights were trained
     with (`mean`, `std`, `interpolation`, `crop_pct`, `crop_mode`); by default the model's `pretrained_cfg` (a
-    run's own), else the architecture's. `extra`: more top-level JSON entries (e.g. the recipe's name).
+    run's own), else the architecture's. `extra`: more top-level JSON entries (e.g. the recipe's name). `naflex`
+    (NaFlex models): how predict reads their images, `max_tokens` and `resize` (see the module docstring); by
+    default the run's own, else the model's.
     """
-    model_config, args = _hub_config(model, class_names, data_config, extra)
+    model_config, args = _hub_config(model, class_names, data_config, extra, naflex)
     folder = Path(folder).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".save_pretrained.") as written:
@@ -157,7 +173,7 @@ def save_pretrained(
 
 
 # config.json's entries that save_pretrained writes itself (an `extra` entry may not replace one)
-_CONFIG_KEYS = ("architecture", "num_classes", "num_features", "global_pool", "model_args", "pretrained_cfg")
+_CONFIG_KEYS = ("architecture", "num_classes", "num_features", "global_pool", "model_args", "pretrained_cfg", "naflex")
 _LABEL_KEYS = ("label_names", "label_descriptions", "labels")
 
 
@@ -166,8 +182,10 @@ def _hub_config(
     class_names: Sequence[str] | None,
     data_config: Mapping[str, Any] | None,
     extra: Mapping[str, Any] | None,
+    naflex: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """timm's `model_config` (the preprocessing, class names and extra entries) and `model_args` of `model`."""
+    """timm's `model_config` (the preprocessing, class names, a NaFlex model's reading settings and extra entries)
+    and `model_args` of `model`."""
     args = model_args(model)
     if class_names is None:
         own = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
@@ -183,6 +201,9 @@ def _hub_config(
     }
     if class_names is not None:
         config["label_names"] = _class_names(class_names, args["num_classes"])
+    reading = _saved_reading(model, pretrained_cfg, naflex)
+    if reading is not None:
+        config["naflex"] = reading
     for key, value in (extra or {}).items():
         if key in _CONFIG_KEYS or key in _LABEL_KEYS:
             raise ValueError(f"extra key {key!r} would replace a config.json entry; choose another name")
@@ -191,6 +212,60 @@ def _hub_config(
         except (TypeError, ValueError):
             raise ValueError(f"extra[{key!r}]={value!r} is not JSON-serialisable") from None
     return config, args
+
+
+# what a caller may set of a NaFlex model's reading (the patch size is the model's, mean/std the data config's)
+_NAFLEX_OPTIONS = ("max_tokens", "resize")
+
+
+def _saved_reading(
+    model: nn.Module, pretrained_cfg: Mapping[str, Any], naflex: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """config.json's `naflex` entry of `model`: the caller's `naflex` over its run's (`zoo_run`), over the model's
+    defaults; None for a model that is not NaFlex."""
+    if not isinstance(model, ZooNaFlexVit):
+        if naflex is not None:
+            raise ValueError(f"naflex={dict(naflex)!r} sets how NaFlex models read images; {type(model).__name__} "
+                             "is not one: leave it out")  # fmt: skip
+        return None
+    for key in naflex or {}:
+        if key not in _NAFLEX_OPTIONS:
+            raise unknown_name("naflex key", key, _NAFLEX_OPTIONS)
+    run = (getattr(model, "zoo_run", None) or {}).get("naflex")
+    return _native_reading(model, pretrained_cfg, "save_pretrained(naflex=...)", run, naflex)
+
+
+def _native_reading(
+    model: ZooNaFlexVit, pretrained_cfg: Mapping[str, Any], where: str, *settings: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """NativeLoader's settings for `model` (`READING_KEYS`): its patch size, `max_tokens` and `resize` of the last
+    of `settings` that has them (else `native_budget` and `native`), the normalisation of `pretrained_cfg`; None for
+    a model the native sets cannot cut (non-square patches)."""
+    from ..data.images.native import check_reading
+
+    budget = native_budget(model)
+    if budget is None:
+        return None
+    reading = {**budget, "resize": "native"}
+    for given in settings:
+        if given is not None and not isinstance(given, Mapping):
+            raise ValueError(f"{where}={given!r} must be an object of {', '.join(_NAFLEX_OPTIONS)}")
+        reading.update({key: value for key, value in (given or {}).items() if key in _NAFLEX_OPTIONS})
+    mean, std = (per_channel(key, pretrained_cfg[key], model.in_chans) for key in ("mean", "std"))
+    return check_reading({**reading, "mean": mean, "std": std}, where)
+
+
+def _describe_native(model: nn.Module, config: Mapping[str, Any], where: Path) -> None:
+    """A NaFlex model read from a folder gets the description a NaFlex run's model carries (`model.zoo_run`): its
+    task, class names, sizes and config.json's `naflex` reading settings, the model's defaults where it has none."""
+    if not isinstance(model, ZooNaFlexVit):
+        return
+    reading = _native_reading(model, model.pretrained_cfg, f"{where}: naflex", config.get("naflex"))
+    if reading is None:
+        return
+    task = "segmentation" if isinstance(model, NaFlexSegmentation) else "classification"
+    sizes = {"in_chans": model.in_chans, "num_classes": model.num_classes}
+    model.zoo_run = saved_description("naflex", task, model.pretrained_cfg.get("label_names"), sizes, naflex=reading)
 
 
 def _class_names(names: Sequence[str], num_classes: int) -> list[str]:
@@ -207,7 +282,8 @@ def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any
     (input size, mean/std, crop, `label_names`) attached, from: a folder (config.json + model.safetensors), its
     `model.safetensors` or `config.json`, `hf-hub:owner/name[@revision]`, or a run: `runs/NAME` (its
     `checkpoints/<checkpoint>`, `best` or `last`), a checkpoint folder, or the `model.safetensors` in one. A run's
-    model (ViT or 1-D) also gets `model.zoo_run`, the run's `model.json` (`zoo.hub.runs`).
+    model (ViT or 1-D) also gets `model.zoo_run`, the run's `model.json` (`zoo.hub.runs`); a NaFlex model from a
+    folder gets one built from its config.json (its `naflex` entry, see the module docstring).
 
     `overrides` change construction arguments of a ViT (`img_size=512`, `attention='performer'`, `num_classes=3`,
     ...); the weights are then adapted as pretrained weights are (`pos_embed` resampled, a new head, a variant's
@@ -246,6 +322,7 @@ def load_model(source: str | Path, *, checkpoint: str = "best", **overrides: Any
         state = read_weights(weights)
         check_state_dict(model, state, weights)
         model.load_state_dict(state, strict=False)
+    _describe_native(model, config, config_path)
     return model.eval()
 
 
@@ -318,6 +395,7 @@ def _run_config(model: nn.Module, run: RunWeights) -> dict[str, Any]:
         "model_args": model_args(model),
         "pretrained_cfg": cfg,
         "label_names": model.pretrained_cfg.get("label_names"),
+        "naflex": model.zoo_run.get("naflex"),
     }
 
 
@@ -370,19 +448,20 @@ def push_to_hub(
     *,
     class_names: Sequence[str] | None = None,
     data_config: Mapping[str, Any] | None = None,
+    naflex: Mapping[str, Any] | None = None,
     private: bool = False,
     token: str | None = None,
     commit_message: str = "Add model",
 ) -> str:
     """Upload `save_pretrained`'s files to the hub repository `repo_id` (created if needed) by timm's
-    `push_to_hf_hub`; returns the commit's URL. `load_model("hf-hub:" + repo_id)` and timm's
-    `create_model("hf-hub:" + repo_id)` (with zoo imported) read it."""
+    `push_to_hf_hub`; returns the commit's URL. `class_names`, `data_config`, `naflex`: as for `save_pretrained`.
+    `load_model("hf-hub:" + repo_id)` and timm's `create_model("hf-hub:" + repo_id)` (with zoo imported) read it."""
     if is_offline_mode():
         raise ConnectionError(
             f"cannot push to {repo_id!r}: the hub client is offline (HF_HUB_OFFLINE=1); save the folder with "
             "zoo.save_pretrained(model, DIR) and upload it later (huggingface-cli upload REPO DIR)"
         )
-    model_config, args = _hub_config(model, class_names, data_config, None)
+    model_config, args = _hub_config(model, class_names, data_config, None, naflex)
     try:
         commit = push_to_hf_hub(
             model, repo_id, commit_message=commit_message, token=token, private=private,

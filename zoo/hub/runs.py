@@ -9,7 +9,12 @@ hold (`zoo.load_model` reads any of them):
 - `label_names`: one name per output class (image folders, FASTA files, MegaMNIST digits, series labels), or null;
 - `pretrained_cfg` (images): timm's preprocessing, input size, mean/std, interpolation and crop;
 - `inputs` (1-D data): what `zoo.predict` needs to turn a file into model inputs (DNA windows and tokenizer, series
-  z-normalisation, a forecast's look-back, horizon, columns and training mean/std).
+  z-normalisation, a forecast's look-back, horizon, columns and training mean/std);
+- `naflex` (`model.kind: naflex`): how each image is read at its own size (`zoo.data.images.native.READING_KEYS`:
+  patch size, token budget, resize rule, mean/std).
+
+A NaFlex model loaded from a `save_pretrained` folder carries the same description (`saved_description`, built from
+its config.json: no `data`), so `zoo.predict` reads its images as it reads a NaFlex run's.
 
 `write_run` makes a run directory of a model trained outside the engine (`tools/convert.py`), with checkpoints that
 tools/eval.py and `zoo.load_model` verify as they verify the engine's.
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +46,7 @@ __all__ = [
     "copy_run_files",
     "describe_model",
     "read_description",
+    "saved_description",
     "write_description",
     "write_run",
 ]
@@ -80,6 +86,16 @@ def describe_model(recipe: Recipe, train_set: Dataset, task: Task, sizes: ModelS
     }
     description.update(get_model_kind(recipe.model.kind).describe(recipe, train_set, task))
     return json.loads(json.dumps(description))
+
+
+def saved_description(
+    kind: str, task: str, label_names: Sequence[str] | None, sizes: Mapping[str, Any], **entries: Any
+) -> dict[str, Any]:
+    """The description of an image model loaded from a save_pretrained folder, in `model.json`'s layout without the
+    run's `data`: `kind`, `task`, `label_names`, `sizes` and the kind's own `entries` (NaFlex: `naflex`)."""
+    names = None if label_names is None else [str(name) for name in label_names]
+    description = {"format": _FORMAT, "kind": kind, "task": task, "input": "image", "label_names": names}
+    return json.loads(json.dumps({**description, "sizes": dict(sizes), **entries}))
 
 
 def write_description(folder: str | Path, description: Mapping[str, Any]) -> Path:

@@ -61,6 +61,7 @@ __all__ = [
     "checkpoint_filter_fn",
     "create_naflex_model",
     "load_naflex_weights",
+    "native_budget",
     "ragged_grids",
 ]
 
@@ -224,6 +225,27 @@ class ZooNaFlexVit(NaFlexVit):
             for module in grids:
                 module.set_grids(per_sample)
         return embeds
+
+
+# the token budget of a model without a position table to size it by (NativeOptions' default)
+DEFAULT_MAX_TOKENS = 256
+
+
+def native_budget(model: ZooNaFlexVit) -> dict[str, int] | None:
+    """How zoo reads an image for `model` where no run says (`zoo.data.images.native.NativeLoader`, `patch_size` and
+    `max_tokens`): the model's patch side, and as many patches as its position table holds (rows x cols of
+    `pos_embed_grid_size`, the grid it was built for; `DEFAULT_MAX_TOKENS` without a table), fewer where a
+    fixed-length attention (linformer, synthesizer: `max_seq_len`, prefix tokens included) takes fewer. None for
+    non-square patches, which the native sets do not cut."""
+    rows, cols = model.embeds.patch_size
+    if rows != cols:
+        return None
+    grid = model.embeds.pos_embed_grid_size
+    budget = grid[0] * grid[1] if grid else DEFAULT_MAX_TOKENS
+    for module in model.blocks.modules():
+        if isinstance(getattr(module, "max_seq_len", None), int):
+            budget = min(budget, module.max_seq_len - model.num_prefix_tokens)
+    return {"patch_size": int(rows), "max_tokens": max(int(budget), 1)}
 
 
 def patch_grids(patch_coord: Tensor, patch_valid: Tensor) -> Tensor:

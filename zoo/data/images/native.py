@@ -23,7 +23,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,11 +43,14 @@ from .mask_folder import MaskFolderDataset, MaskFolderOptions, _header_size
 from .megamnist import MegaMNIST, MegaMNISTSegmentation
 
 __all__ = [
+    "READING_KEYS",
+    "RESIZE_RULES",
     "NativeImages",
     "NativeLoader",
     "TokenBatches",
     "collate_patches",
     "image_of",
+    "check_reading",
     "mask_at",
     "native_logits",
     "predict_masks",
@@ -58,6 +61,9 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 PATCH_KEYS = ("patches", "patch_coord", "patch_valid")
+# what `NativeLoader` reads of a model's description (model.json's or a save_pretrained config.json's `naflex` entry)
+READING_KEYS = ("patch_size", "max_tokens", "resize", "mean", "std")
+RESIZE_RULES = ("native", "square")
 
 
 def native_size(height: int, width: int, patch: int, max_tokens: int, resize: str = "native") -> tuple[int, int]:
@@ -146,9 +152,32 @@ def _tensor(image: Image.Image) -> torch.Tensor:
     return tensor[None] if tensor.dim() == 2 else tensor.permute(2, 0, 1)
 
 
+def check_reading(reading: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`reading` (`READING_KEYS`: what `NativeLoader` reads) as a plain dict; a one-line ValueError naming `where`
+    and the first entry that is missing or wrong."""
+    missing = [key for key in READING_KEYS if key not in reading]
+    if missing:
+        raise ValueError(f"{where}: the NaFlex reading settings lack {', '.join(missing)} (give {READING_KEYS})")
+    for key in ("patch_size", "max_tokens"):
+        value = reading[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {key}={value!r} must be an integer >= 1")
+    if reading["resize"] not in RESIZE_RULES:
+        raise ValueError(f"{where}: resize={reading['resize']!r} must be one of {', '.join(RESIZE_RULES)}")
+    for key in ("mean", "std"):
+        value = reading[key]
+        if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) for v in value):
+            raise ValueError(f"{where}: {key}={value!r} must be a list of numbers, one per channel")
+    mean, std = reading["mean"], reading["std"]
+    if len(mean) != len(std) or 0 in std:
+        raise ValueError(f"{where}: std={std!r} must be non-zero, as many values as mean={mean!r}")
+    return {key: reading[key] for key in READING_KEYS}
+
+
 class NativeLoader:
-    """How `zoo.predict` reads an image file for a NaFlex run: as training read it, at its own size within the
-    run's token budget (`description`: model.json's `naflex` entry) -> the sample dict of `to_patches`."""
+    """How `zoo.predict` reads an image file for a NaFlex model: as training read it, at its own size within the
+    token budget (`description`: `READING_KEYS` of a run's model.json or a save_pretrained config.json, its
+    `naflex` entry) -> the sample dict of `to_patches`."""
 
     def __init__(self, description: dict[str, Any], in_chans: int) -> None:
         self.description, self.in_chans = description, in_chans
