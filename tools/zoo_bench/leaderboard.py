@@ -107,6 +107,18 @@ def _tree_rss(process: psutil.Process) -> int:
     return total
 
 
+def _tree_cpu_s(process: psutil.Process) -> float:
+    """User + system seconds of `process`, its live descendants and the ended ones it waited for."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def _stop_tree(process: psutil.Process) -> None:
     """SIGKILL the run's process and its descendants: a timed-out run leaves nothing behind."""
     for member in [*process.children(recursive=True), process]:
@@ -118,13 +130,15 @@ def _stop_tree(process: psutil.Process) -> None:
 
 def run_child(command: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `command` (output to `log`; `env`: its environment, default this one's) -> returncode (None: timed out),
-    wall_s and the tree's peak_rss_mib."""
-    start, peak, timed_out = time.perf_counter(), 0, False
+    wall_s, the tree's peak_rss_mib and its cpu_s (user + system, as last seen while it ran: this run's alone, where
+    the RUSAGE_CHILDREN of a study running cells at once would mix them)."""
+    start, peak, cpu, timed_out = time.perf_counter(), 0, 0.0, False
     with open(log, "w") as handle:
         proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
             peak = max(peak, _tree_rss(watched))
+            cpu = max(cpu, _tree_cpu_s(watched))
             timed_out = time.perf_counter() - start > timeout
             if timed_out:
                 _stop_tree(watched)
@@ -136,6 +150,7 @@ def run_child(command: list[str], log: Path, timeout: float, env: dict[str, str]
         "returncode": None if timed_out else proc.returncode,
         "wall_s": wall,
         "peak_rss_mib": round(peak / 2**20, 1),
+        "cpu_s": round(cpu, 1),
     }
 
 
@@ -210,7 +225,7 @@ def train_and_test(
     command += ["--test", "--set", *overrides(recipe, variant, seed, budget_steps, options, extra)]
     child = run_child(command, run_dir / "train.log", timeout)
     peak = child["peak_rss_mib"]
-    record.update(train_wall_s=child["wall_s"], peak_rss_mib=peak, peak_mib=peak)
+    record.update(train_wall_s=child["wall_s"], peak_rss_mib=peak, peak_mib=peak, cpu_s=child["cpu_s"])
     if child["returncode"] is None:
         return {**record, "status": "timeout", "message": f"training and testing killed after {timeout:g} s"}
     if child["returncode"] != 0:
