@@ -272,3 +272,14 @@ def sweep_runs_here(monkeypatch: pytest.MonkeyPatch) -> None:
         return {"returncode": result.returncode, "wall_s": round(time.perf_counter() - start, 2), "peak_rss_mib": 0.0}
 
     monkeypatch.setattr(leaderboard, "run_child", run_child)
+
+
+def moved_off_init(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` in eval mode with every floating-point weight and statistic moved by seeded noise, so that only
+    weights read back from a file reproduce its outputs."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator))
+    return model.eval()

@@ -9,7 +9,7 @@ ops that honour the block lists, so a block the pattern leaves out fails the che
 import pytest
 import timm
 import torch
-from test_flex_tiles import blockwise_flex
+from test_flex_tiles import dense_flex  # noqa: F401 (a fixture, used by name)
 from timm.data.naflex_transforms import patchify_image
 
 import zoo
@@ -71,18 +71,6 @@ def counted_flex(compiled_flex, monkeypatch):
     return calls
 
 
-@pytest.fixture
-def dense_flex(monkeypatch):
-    """`flex_attend` with `blockwise_flex` as its kernel (differentiable on CPU) and fresh block-mask caches."""
-    monkeypatch.setattr(_flex, "_compiled_flex", lambda: blockwise_flex)
-    monkeypatch.setattr(_flex, "_refuse_cpu_backward", lambda: None)
-    _flex._block_structure.cache_clear()
-    _flex._cached_block_mask.cache_clear()
-    yield
-    _flex._block_structure.cache_clear()
-    _flex._cached_block_mask.cache_clear()
-
-
 @pytest.mark.parametrize(("name", "options"), VARIANTS, ids=IDS)
 def test_one_flex_call_gives_each_sample_its_own_grid(counted_flex, name, options):
     """The compiled forward over the padded batch, one call, against each sample alone through the reference."""
@@ -95,8 +83,9 @@ def test_one_flex_call_gives_each_sample_its_own_grid(counted_flex, name, option
             torch.testing.assert_close(out[index, : lengths()[index]], alone(oracle, x, index), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("dense_flex")
 @pytest.mark.parametrize(("name", "options"), VARIANTS, ids=IDS)
-def test_gradients_match_each_sample_alone(dense_flex, name, options):
+def test_gradients_match_each_sample_alone(name, options):
     """float64, through the block lists of the one batch pattern: the packed batch's outputs and input gradients
     equal those of each sample alone; padded tokens get no gradient."""
     flex, oracle = pair(name, options, torch.float64)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import run_tool_here
+from helpers import moved_off_init, run_tool_here
 from PIL import Image
 from timm.data.naflex_transforms import patchify_image
 
@@ -39,13 +39,7 @@ SIZES = {"wide.png": (24, 40), "tall.png": (120, 30)}
 def tiny(**variant) -> torch.nn.Module:
     """A tiny NaFlex model with its weights moved off their initialisation."""
     torch.manual_seed(0)
-    model = timm.create_model(ARCH, **TINY, **variant)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator))
-    return model.eval()
+    return moved_off_init(timm.create_model(ARCH, **TINY, **variant))
 
 
 def save(model: torch.nn.Module, folder: Path) -> Path:

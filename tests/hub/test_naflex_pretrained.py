@@ -11,7 +11,7 @@ import pytest
 import timm
 import torch
 import yaml
-from helpers import reset_accelerate
+from helpers import moved_off_init, reset_accelerate
 from PIL import Image
 from safetensors.torch import load_model as load_safetensors
 from timm.data import resolve_data_config
@@ -66,13 +66,7 @@ def tiny(variant: str) -> torch.nn.Module:
     """A tiny NaFlex model whose weights and running statistics are moved off their initialisation, so that only
     weights read from the file reproduce its outputs."""
     torch.manual_seed(0)
-    model = timm.create_model(ARCH, **TINY, **VARIANTS[variant])
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.add_(0.05 * torch.randn(tensor.shape, generator=generator))
-    return model.eval()
+    return moved_off_init(timm.create_model(ARCH, **TINY, **VARIANTS[variant]))
 
 
 @pytest.fixture(params=list(VARIANTS))
