@@ -225,7 +225,7 @@ def train_and_test(
     command += ["--test", "--set", *overrides(recipe, variant, seed, budget_steps, options, extra)]
     child = run_child(command, run_dir / "train.log", timeout)
     peak = child["peak_rss_mib"]
-    record.update(train_wall_s=child["wall_s"], peak_rss_mib=peak, peak_mib=peak, cpu_s=child["cpu_s"])
+    record.update(train_wall_s=child["wall_s"], peak_rss_mib=peak, peak_mib=peak, cpu_s=child.get("cpu_s"))
     if child["returncode"] is None:
         return {**record, "status": "timeout", "message": f"training and testing killed after {timeout:g} s"}
     if child["returncode"] != 0:
