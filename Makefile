@@ -196,9 +196,9 @@ bench-seg: $(STAMP)
 	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.seg_bench --out benchmarks/cpu/seg_megamnist_quick.md
 
 # The 2-D recall probe behind benchmarks/cpu/recall2d.md (tools/zoo_bench/recall2d.py): recipes/recall2d_quick.yaml
-# (find the framed query's twin across the image) with softmax, window2d, window2d + global blocks, neighborhood,
-# local, linear, performer and hedgehog, the same steps x 2 seeds each, one thread per run. It resumes from
-# benchmarks/cpu/recall2d.json.
+# (name the digit drawn in the query's colour, far across the image) with softmax, window2d, window2d + global
+# blocks, neighborhood, local, linear, performer and hedgehog, the same steps x 2 seeds each, one thread per run. It
+# resumes from benchmarks/cpu/recall2d.json.
 bench-recall2d: $(STAMP)
 	OMP_NUM_THREADS=1 PYTHONPATH=tools $(PY) -m zoo_bench.recall2d --out benchmarks/cpu/recall2d.md
 

@@ -58,7 +58,14 @@ DATA = {
     "megamnist_seg": ["model.img_size=64", "data.options.canvas_size=64", "data.options.digit_size=16", *GENERATED],
     "listops": ["data.options.min_length=20", "data.options.max_length=40", *GENERATED],
     "pathfinder": ["data.options.resolution=32", *GENERATED],
-    "recall2d": ["model.img_size=64", "data.options.grid=4", "data.options.min_distance=2", *GENERATED],
+    "recall2d": [
+        "model.img_size=64",
+        "data.options.grid=4",
+        "data.options.min_distance=2",
+        "data.options.num_keys=2",
+        "data.options.num_queries=2",
+        *GENERATED,
+    ],
     "native_megamnist": [
         "data.options.sides=[48, 64]",
         "data.options.digit_size=12",

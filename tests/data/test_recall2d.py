@@ -1,6 +1,7 @@
 """Recall2D (`recall2d`), the images' MQAR: each canvas re-read cell by cell from its stored layout and the source
-digits (not from the code that draws it), its label re-derived by finding the key in the query's colour, its digits
-drawn from the split's own pool, and settings that cannot be drawn refused by name."""
+digits (not from the code that draws it), every query's label re-derived by finding the framed digit in its colour,
+the queries far from every key, the digits drawn from the split's own pool, and settings that cannot be drawn
+refused by name."""
 
 from __future__ import annotations
 
@@ -9,65 +10,75 @@ import pytest
 from PIL import Image
 
 from zoo.data import DataContext, build_dataset
+from zoo.data._interface import IGNORE_INDEX
 from zoo.data.images.megamnist import _split_pools, load_mnist_digits
 from zoo.data.images.recall2d import PALETTE, Recall2D
 
-OPTIONS = {"grid": 8, "cell_size": 12, "digit_size": 9, "num_keys": 3, "min_distance": 3}
+OPTIONS = {"grid": 8, "cell_size": 12, "frame": 1, "digit_size": 9, "num_keys": 3, "num_queries": 2, "min_distance": 3}
 
 
-def read_cells(dataset: Recall2D, index: int) -> tuple[tuple[int, int], int, dict[tuple[int, int], tuple[int, int]]]:
-    """(query cell, query colour, key cell -> (source, colour)), each cell checked against the canvas: the query a
-    solid square of its colour, a key its digit resized alone and scaled by its colour, everything else black."""
+def read_cells(dataset: Recall2D, index: int):
+    """(query cell -> colour, key cell -> (source, colour)) of canvas `index`, each cell checked against the canvas:
+    a query an empty frame of its colour, a key its frame around its white digit resized alone, every other cell
+    black; and the mask checked to label exactly the query cells' insides."""
     layout = dataset.layout(index)
-    canvas = dataset[index][0].numpy() * 255  # [3, S, S]
+    canvas, mask = (t.numpy() for t in dataset[index])
+    canvas = canvas * 255  # [3, S, S]
     images, _ = load_mnist_digits()
-    size, side = dataset.cell_size, dataset.digit_size
+    size, side, width = dataset.cell_size, dataset.digit_size, dataset.frame
     keys = dict(zip(layout.key_cells, zip(layout.key_sources, layout.key_colours, strict=True), strict=True))
-    offsets = dict(zip([layout.query_cell, *layout.key_cells], layout.offsets, strict=True))
-    assert len(offsets) == 1 + dataset.num_keys  # no two items share a cell
+    offsets = dict(zip(layout.key_cells, layout.offsets, strict=True))
+    queries = {cell: layout.key_colours[k] for cell, k in zip(layout.query_cells, layout.query_keys, strict=True)}
+    assert len(keys) + len(queries) == dataset.num_keys + dataset.num_queries  # no two items share a cell
     for row in range(dataset.grid):
         for col in range(dataset.grid):
             cell = canvas[:, row * size : (row + 1) * size, col * size : (col + 1) * size]
             expected = np.zeros((3, size, size))
-            if (row, col) in offsets:
+            colour = queries.get((row, col), keys.get((row, col), (None, None))[1])
+            if colour is not None:
+                border = np.ones((size, size), dtype=bool)
+                border[width:-width, width:-width] = False
+                expected[:, border] = np.asarray(PALETTE[colour], dtype=float)[:, None]
+            if (row, col) in keys:
                 top, left = offsets[(row, col)]
-                if (row, col) == layout.query_cell:
-                    ink, colour = np.full((side, side), 255.0), layout.query_colour
-                else:
-                    source, colour = keys[(row, col)]
-                    ink = np.asarray(Image.fromarray(images[source]).resize((side, side), Image.Resampling.BILINEAR))
-                rgb = np.asarray(PALETTE[colour], dtype=float)[:, None, None]
-                expected[:, top : top + side, left : left + side] = np.rint(ink / 255.0 * rgb)
+                digit = Image.fromarray(images[keys[(row, col)][0]]).resize((side, side), Image.Resampling.BILINEAR)
+                expected[:, top : top + side, left : left + side] = np.asarray(digit, dtype=float)
             np.testing.assert_allclose(cell, expected, atol=1e-3, err_msg=f"cell {(row, col)} of canvas {index}")
-    return layout.query_cell, layout.query_colour, keys
+            labelled = mask[row * size : (row + 1) * size, col * size : (col + 1) * size] != IGNORE_INDEX
+            inside = np.zeros((size, size), dtype=bool)
+            if (row, col) in queries:
+                inside[width:-width, width:-width] = True
+            assert (labelled == inside).all(), f"labelled pixels of cell {(row, col)} of canvas {index}"
+    return queries, keys
 
 
-def recalled_label(dataset: Recall2D, index: int) -> int:
-    """The class of the one key drawn in the query's colour, from the cells alone."""
+def recalled_labels(dataset: Recall2D, index: int) -> dict[tuple[int, int], int]:
+    """Each query cell's label: the class of the one key framed in its colour, from the cells alone."""
     _, labels = load_mnist_digits()
-    _, colour, keys = read_cells(dataset, index)
-    matches = [source for source, key_colour in keys.values() if key_colour == colour]
-    assert len(matches) == 1
-    return int(labels[matches[0]])
+    queries, keys = read_cells(dataset, index)
+    recalled = {}
+    for cell, colour in queries.items():
+        matches = [source for source, key_colour in keys.values() if key_colour == colour]
+        assert len(matches) == 1
+        recalled[cell] = int(labels[matches[0]])
+    return recalled
 
 
-def test_labels_are_the_digit_in_the_querys_colour():
+def test_every_query_is_labelled_with_the_digit_framed_in_its_colour():
     dataset = Recall2D("train", num_samples=12, seed=5, **OPTIONS)
     _, labels = load_mnist_digits()
+    size = dataset.cell_size
+    seen = set()
     for index in range(len(dataset)):
-        assert dataset[index][1] == recalled_label(dataset, index)
-        (query_row, query_col), _, keys = read_cells(dataset, index)
+        mask = dataset[index][1].numpy()
+        for (row, col), label in recalled_labels(dataset, index).items():
+            assert mask[row * size + size // 2, col * size + size // 2] == label
+            seen.add(label)
+        queries, keys = read_cells(dataset, index)
         assert len({labels[source] for source, _ in keys.values()}) == 3  # digits of distinct classes
         assert len({colour for _, colour in keys.values()}) == 3  # in distinct colours
-        assert all(max(abs(row - query_row), abs(col - query_col)) >= 3 for row, col in keys)
-    assert len({dataset[i][1] for i in range(12)}) > 3
-
-
-def test_a_fixed_query_cell_holds_the_query_on_every_canvas():
-    dataset = Recall2D("val", num_samples=6, query_cell=(0, 0), **OPTIONS)
-    for index in range(6):
-        assert read_cells(dataset, index)[0] == (0, 0)
-        assert dataset[index][1] == recalled_label(dataset, index)
+        assert all(max(abs(r - qr), abs(c - qc)) >= 3 for r, c in keys for qr, qc in queries)
+    assert len(seen) > 3
 
 
 def test_canvases_are_reproducible_and_split_pools_are_megamnists():
@@ -77,7 +88,7 @@ def test_canvases_are_reproducible_and_split_pools_are_megamnists():
     train = Recall2D("train", num_samples=20, seed=1, **OPTIONS)
 
     def sources(dataset):
-        return {source for i in range(20) for source, _ in read_cells(dataset, i)[2].values()}
+        return {source for i in range(20) for source, _ in read_cells(dataset, i)[1].values()}
 
     # each split draws on its own MegaMNIST pool: no test canvas shows a digit a training canvas shows
     _, labels = load_mnist_digits()
@@ -86,25 +97,31 @@ def test_canvases_are_reproducible_and_split_pools_are_megamnists():
     assert sources(a) & sources(train) == set()
 
 
-def test_baselines_are_counted_from_the_labels():
-    train = Recall2D("train", num_samples=60, seed=0, **OPTIONS)
-    val = Recall2D("val", num_samples=30, seed=0, **OPTIONS)
-    train_labels = [recalled_label(train, i) for i in range(60)]
-    val_labels = [recalled_label(val, i) for i in range(30)]
-    majority = max(range(10), key=lambda c: (train_labels.count(c), -c))
+def test_baselines_are_counted_from_the_query_pixels():
+    train = Recall2D("train", num_samples=40, seed=0, **OPTIONS)
+    val = Recall2D("val", num_samples=20, seed=0, **OPTIONS)
+
+    def pixels(dataset):
+        masks = np.stack([dataset[i][1].numpy() for i in range(len(dataset))])
+        return masks[masks != IGNORE_INDEX]
+
+    train_pixels, val_pixels = pixels(train), pixels(val)
+    majority = int(np.bincount(train_pixels, minlength=10).argmax())
     rules = val.baselines(train)
-    assert rules["majority"]["top1"] == pytest.approx(val_labels.count(majority) / 30)
-    assert rules["digit_on_canvas"]["top1"] == pytest.approx(1 / 3)
+    share = float(np.mean(val_pixels == majority))
+    assert rules["majority"]["pixel_accuracy"] == pytest.approx(share)
+    assert rules["majority"]["miou"] == pytest.approx(share / len(np.unique(val_pixels)))
+    assert rules["digit_on_canvas"]["pixel_accuracy"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize(
     ("options", "named"),
     [
-        ({"grid": 6, "min_distance": 4, "num_keys": 3}, "num_keys=3 do not fit"),
-        ({"cell_size": 12, "digit_size": 13}, "digit_size"),
+        ({"grid": 4, "min_distance": 4}, "num_keys=3 and num_queries=2 do not fit"),
+        ({"cell_size": 12, "frame": 1, "digit_size": 11}, "digit_size"),
+        ({"cell_size": 12, "frame": 6}, "frame"),
         ({"num_keys": 9}, "num_keys"),
-        ({"query_cell": (0, 8)}, "query_cell"),
-        ({"query_cell": (3, 3), "min_distance": 5, "num_keys": 3}, r"query at cell \(3, 3\) leaves 0 cells"),
+        ({"num_queries": 0}, "num_queries"),
     ],
 )
 def test_impossible_settings_name_the_option(options, named):
@@ -117,4 +134,6 @@ def test_recipe_options_are_checked_against_the_model_size():
     with pytest.raises(ValueError, match=r"grid \* cell_size \(8 \* 12 = 96\)"):
         build_dataset("recall2d", context, **OPTIONS)
     dataset = build_dataset("recall2d", DataContext("val", is_training=False, num_samples=3, img_size=96), **OPTIONS)
-    assert dataset[2][1] == recalled_label(dataset, 2)
+    size = dataset.cell_size
+    for (row, col), label in recalled_labels(dataset, 2).items():
+        assert dataset[2][1][row * size + size // 2, col * size + size // 2] == label

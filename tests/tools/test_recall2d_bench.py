@@ -15,20 +15,23 @@ def test_every_layout_is_a_valid_recipe_with_its_attention_and_global_blocks():
     recipe = load_recipe(recall2d.RECIPE)
     # no class token: window2d's windows would otherwise reach across the image through it
     assert recipe.model.timm_kwargs == {"class_token": False, "global_pool": "avg"}
+    # a per-patch decoder: no path across the image but the attention
+    assert recipe.model.decoder == "linear"
     assert recipe.model.img_size == recipe.data.options["grid"] * recipe.data.options["cell_size"]
 
 
 def _results():
-    def run(layout, seed, top1):
-        return {"layout": layout, "seed": seed, "status": "ok", "test": {"top1": top1}, "samples_per_s": 50.0}
+    def run(layout, seed, accuracy):
+        test = {"pixel_accuracy": accuracy, "miou": accuracy / 2}
+        return {"layout": layout, "seed": seed, "status": "ok", "test": test, "samples_per_s": 50.0}
 
     runs = [run("softmax", 0, 0.96), run("softmax", 1, 0.92), run("window2d", 0, 0.18), run("window2d", 1, 0.16)]
     runs += [run("local", 0, 0.7), {"layout": "linear", "seed": 0, "status": "nan", "message": "loss is nan"}]
     proto = {"recipe": "recipes/recall2d_quick.yaml", "budget_steps": 5, "seeds": [0, 1], "batch_size": 32}
-    proto |= {"data": {"grid": 10, "cell_size": 16, "num_keys": 6, "min_distance": 4}, "lr": 1e-3}
+    proto |= {"data": {"grid": 10, "cell_size": 16, "num_keys": 6, "num_queries": 4, "min_distance": 4}, "lr": 1e-3}
     proto |= {"model": {"depth": 4, "embed_dim": 64, "num_heads": 4}, "schedule": "cosine", "tuned": "on val"}
     proto |= {"layouts": recall2d.LAYOUTS, "device_name": "a CPU", "versions": {}, "date": "2026-12-07T00:00"}
-    baselines = {"majority": {"top1": 0.11}, "digit_on_canvas": {"top1": 1 / 6}}
+    baselines = {"majority": {"pixel_accuracy": 0.11, "miou": 0.011}, "digit_on_canvas": {"pixel_accuracy": 1 / 6}}
     return {"protocol": proto, "runs": runs, "baselines": baselines}
 
 

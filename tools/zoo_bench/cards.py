@@ -185,11 +185,12 @@ def _highres(data: list[dict[str, Any]], name: str) -> Fact | None:
 
 
 def _recall2d(data: list[dict[str, Any]], name: str) -> Fact | None:
-    """Test top-1 % of the 2-D recall probe (mean ± std over seeds) of the plain layout, and its verdict."""
+    """Test accuracy % on the query pixels of the 2-D recall probe (mean ± std over seeds) of the plain layout, and
+    its verdict."""
     for results in data:
         row = results["summary"]["layouts"].get(name)
         if row and row["mean"] is not None:
-            return Fact(f"{percent_mean_std(row['top1'])}: {row['verdict']}", row["mean"])
+            return Fact(f"{percent_mean_std(row['accuracy'])}: {row['verdict']}", row["mean"])
     return None
 
 
@@ -364,9 +365,10 @@ COLUMNS = (
         "2-D recall",
         (RECALL2D,),
         "benchmarks/cpu/recall2d.md",
-        "`recall2d_quick` (name the digit drawn in the query's colour, every digit at least 4 patches from the "
-        "query) test top-1 %, mean ± std over seeds, the same steps for every variant, and the verdict: recalls "
-        "across the image at >= 90, not below 50 (a digit guessed among those on the canvas: 1 in their number)",
+        "`recall2d_quick` (at every query frame, name the digit framed in its colour, every query at least 4 "
+        "patches from every digit) test accuracy % on the query pixels, mean ± std over seeds, the same steps for "
+        "every variant, and the verdict: recalls across the image at >= 90, not below 50 (a digit guessed among "
+        "those on the canvas: 1 in their number)",
         _recall2d,
     ),
     Column(

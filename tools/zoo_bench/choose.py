@@ -262,16 +262,17 @@ def _long_recall() -> str:
 
 
 def _recall_2d() -> str:
-    """Each layout's verdict on the 2-D recall probe, its test top-1 and the rules that recall nothing, or the
-    command that measures it."""
+    """Each layout's verdict on the 2-D recall probe, its test accuracy on the query pixels and the rules that recall
+    nothing, or the command that measures it."""
     data = load(RECALL2D)
     measured = data and {k: v for k, v in data["summary"]["layouts"].items() if v["mean"] is not None}
     if not measured:
         return "not measured; `make bench-recall2d` measures it."
-    rules = ", ".join(f"{name} {100 * v['top1']:.1f}" for name, v in data["summary"]["baselines"].items())
-    rows = "; ".join(f"`{name}` {percent_mean_std(v['top1'])}: {v['verdict']}" for name, v in measured.items())
+    baselines = data["summary"]["baselines"].items()
+    rules = ", ".join(f"{name} {100 * v['pixel_accuracy']:.1f}" for name, v in baselines if "pixel_accuracy" in v)
+    rows = "; ".join(f"`{name}` {percent_mean_std(v['accuracy'])}: {v['verdict']}" for name, v in measured.items())
     return (
-        f"test top-1 % (mean ± std over seeds {', '.join(map(str, data['protocol']['seeds']))}, "
+        f"test accuracy % on the query pixels (mean ± std over seeds {', '.join(map(str, data['protocol']['seeds']))}, "
         f"{data['protocol']['budget_steps']} steps; rules that recall nothing: {rules or 'not measured'}): {rows} "
         f"(`{RECALL2D}`)."
     )

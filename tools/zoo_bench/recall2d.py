@@ -1,21 +1,21 @@
 """The 2-D recall probe (`make bench-recall2d`) behind benchmarks/cpu/recall2d.md: the images' MQAR
-(`recipes/recall2d_quick.yaml`, zoo.data.images.recall2d: name the digit drawn in the query's colour, every digit at
-least 4 cells from the query) trained with each attention layout for the same steps and seeds, its test top-1 beside
-the rules that recall nothing, and a verdict per layout: does it recall across the image.
+(`recipes/recall2d_quick.yaml`, zoo.data.images.recall2d: at every query frame, name the digit framed in its colour,
+every query at least 4 cells from every digit) trained with each attention layout for the same steps and seeds, its
+test accuracy on the query pixels beside the rules that recall nothing, and a verdict per layout: does it recall
+across the image.
 
     OMP_NUM_THREADS=1 PYTHONPATH=tools .venv/bin/python -m zoo_bench.recall2d --seeds 2
 
 Each run is the leaderboard's (`zoo_bench.leaderboard.train_and_test`: tools/train.py --test in a fresh process; test
-top-1 of the checkpoint best on validation, samples/s, peak resident set). The baselines are the ones the test writes
-to each run's eval.json (the same test split for every run). Results are saved after every run in a JSON beside the
-report; a stopped comparison resumes with the runs it holds.
+pixel accuracy of the checkpoint best on validation, samples/s, peak resident set). The baselines are the ones the
+test writes to each run's eval.json (the same test split for every run). Results are saved after every run in a JSON
+beside the report; a stopped comparison resumes with the runs it holds, unless the task or the steps changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -43,18 +43,18 @@ LAYOUTS = image_layouts(
     local_window=16,
     global_blocks=(1, 3),
 )
-# the verdict's thresholds on the mean test top-1, as 1-D MQAR's cards read recall: recalls at >= 0.9, does not
-# below 0.5 (the rules that recall nothing score about 0.25 here), partly between
+# the verdict's thresholds on the mean test accuracy, as 1-D MQAR's cards read recall: recalls at >= 0.9, does not
+# below 0.5 (the rules that recall nothing score 0.25 or less here), partly between
 RECALLS, FAILS = 0.9, 0.5
 
 
-def verdict(top1: float | None) -> str:
-    """The layout's 2-D recall verdict from its mean test top-1 (None: not measured)."""
-    if top1 is None:
+def verdict(accuracy: float | None) -> str:
+    """The layout's 2-D recall verdict from its mean test accuracy on the query pixels (None: not measured)."""
+    if accuracy is None:
         return "not measured"
-    if top1 >= RECALLS:
+    if accuracy >= RECALLS:
         return "recalls across the image"
-    return "does not recall across the image" if top1 < FAILS else "recalls partly"
+    return "does not recall across the image" if accuracy < FAILS else "recalls partly"
 
 
 def _save(results: dict[str, Any], out: Path) -> None:
@@ -63,13 +63,11 @@ def _save(results: dict[str, Any], out: Path) -> None:
     out.write_text(report(results))
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def run_comparison(out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, layouts: Sequence[str], log=print):
-    """Train and test every layout x seed; resumes from `out`'s JSON (a run it holds is not run again)."""
+def run_comparison(
+    out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, layouts: Sequence[str], jobs: int = 1, log=print
+):
+    """Train and test every layout x seed, `jobs` runs at once; resumes from `out`'s JSON (a run it holds is not run
+    again)."""
     check_int("seeds", seeds, 1)
     check_int("budget_steps", budget_steps, 1)
     unknown = [name for name in layouts if name not in LAYOUTS]
@@ -77,6 +75,11 @@ def run_comparison(out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, 
         raise ValueError(f"unknown layout {unknown[0]!r}; allowed: {', '.join(LAYOUTS)}")
     recipe = recipe_to_dict(load_recipe(RECIPE))
     saved = read_saved(out.with_suffix(".json"))
+    if (saved.get("protocol", {}).get("data"), saved.get("protocol", {}).get("budget_steps")) != (
+        recipe["data"]["options"],
+        budget_steps,
+    ):
+        saved = {}  # runs of another task or budget are not this comparison's
     results = {
         "protocol": {
             "recipe": shown_path(RECIPE),
@@ -100,7 +103,7 @@ def run_comparison(out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, 
 
     def train(cell: tuple[int, str]) -> dict[str, Any]:
         seed, layout = cell
-        spec, before = LAYOUTS[layout], _children_cpu_s()
+        spec = LAYOUTS[layout]
         run_dir = runs_dir / f"{_slug(layout)}_seed{seed}"
         record = train_and_test(
             RECIPE, recipe, spec["attention"], seed, budget_steps, run_dir,
@@ -109,7 +112,7 @@ def run_comparison(out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, 
         eval_path = run_dir / "eval.json"
         if eval_path.is_file():
             results["baselines"] = json.loads(eval_path.read_text()).get("baselines", {}) or results["baselines"]
-        return {"layout": layout, **record, "cpu_s": round(_children_cpu_s() - before, 1)}
+        return {"layout": layout, **record}
 
     def add(cell: tuple[int, str], record: dict[str, Any]) -> None:
         results["runs"].append(record)
@@ -117,7 +120,7 @@ def run_comparison(out: Path, *, seeds: int, budget_steps: int, runs_dir: Path, 
 
     done = {(r["layout"], r["seed"]) for r in results["runs"]}
     cells = [(seed, layout) for seed in range(seeds) for layout in layouts if (layout, seed) not in done]
-    run_cells(cells, train, add, lambda: _save(results, out))
+    run_cells(cells, train, add, lambda: _save(results, out), jobs=jobs)
     _save(results, out)
     return results
 
@@ -128,18 +131,18 @@ def _slug(layout: str) -> str:
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Per layout: test top-1 per seed, their mean and sample standard deviation (None for one seed), the verdict,
-    the median samples/s and the CPU seconds of its runs; failures by message."""
+    """Per layout: test accuracy on the query pixels per seed, their mean and sample standard deviation (None for one
+    seed), the verdict, the median samples/s and the CPU seconds of its runs; failures by message."""
     rows = {}
     for layout in LAYOUTS:
         runs = [r for r in results["runs"] if r["layout"] == layout]
-        done = [r for r in runs if r["status"] == "ok" and "top1" in r.get("test", {})]
-        scores = [r["test"]["top1"] for r in done]
+        done = [r for r in runs if r["status"] == "ok" and "pixel_accuracy" in r.get("test", {})]
+        scores = [r["test"]["pixel_accuracy"] for r in done]
         mean = statistics.fmean(scores) if scores else None
         rates = [r["samples_per_s"] for r in done if r.get("samples_per_s")]
         rows[layout] = {
             "seeds": [r["seed"] for r in done],
-            "top1": scores,
+            "accuracy": scores,
             "mean": mean,
             "spread": statistics.stdev(scores) if len(scores) > 1 else None,
             "verdict": verdict(mean),
@@ -156,7 +159,7 @@ def _percent(row: dict[str, Any]) -> str:
     if row["mean"] is None:
         return "not run"
     spread = "one seed" if row["spread"] is None else f"± {100 * row['spread']:.1f}"
-    return f"{100 * row['mean']:.1f} {spread} ({', '.join(f'{100 * s:.1f}' for s in row['top1'])})"
+    return f"{100 * row['mean']:.1f} {spread} ({', '.join(f'{100 * s:.1f}' for s in row['accuracy'])})"
 
 
 def report(results: dict[str, Any]) -> str:
@@ -164,7 +167,8 @@ def report(results: dict[str, Any]) -> str:
     data, model = proto["data"], proto["model"]
     grid = data["grid"]
     baselines = summary["baselines"]
-    rules = ", ".join(f"{name} {100 * scores['top1']:.1f}" for name, scores in baselines.items() if "top1" in scores)
+    scored = {name: scores["pixel_accuracy"] for name, scores in baselines.items() if "pixel_accuracy" in scores}
+    rules = ", ".join(f"{name} {100 * score:.1f}" for name, score in scored.items())
     lines = [
         "# 2-D recall: the images' MQAR",
         "",
@@ -176,25 +180,27 @@ def report(results: dict[str, Any]) -> str:
         "",
         (
             f"**Task**: `{proto['recipe']}`, {grid} x {grid} cells of {data['cell_size']} px "
-            f"(RGB, {grid * data['cell_size']} px, one cell per patch token) holding {data['num_keys']} MNIST digits "
-            "of distinct classes, each in its own colour, and one query, a square of one of those colours; every digit "
-            f"lies at least {data['min_distance']} cells from the query. The label is the digit drawn in the query's "
-            f"colour (10 classes). Rules that recall nothing, on the test split: {rules or 'not measured'} "
-            "(`digit_on_canvas`: a digit guessed among those on the canvas, what a model that cannot pair the query "
+            f"(RGB, {grid * data['cell_size']} px, one cell per patch token) holding {data['num_keys']} white MNIST "
+            "digits of distinct classes, each in a frame of its own colour, and "
+            f"{data.get('num_queries', 1)} queries, empty frames of those colours; every query lies at least "
+            f"{data['min_distance']} cells from every digit. Each query cell is labelled with the digit framed in its "
+            "colour (10 classes), every other pixel is unlabelled; the score is the share of query pixels recalled "
+            f"right. Rules that recall nothing, on the test split: {rules or 'not measured'} "
+            "(`digit_on_canvas`: a digit guessed among those on the canvas, what a model that cannot pair a query "
             "with its digit can reach)."
         ),
         (
             f"**Protocol**: a ViT of {model['depth']} blocks, width {model['embed_dim']}, {model['num_heads']} heads, "
-            "conv stem, no class token, average pooling (the only path across the image is the attention), "
+            "conv stem, no class token, a per-patch linear decoder (the only path across the image is the attention), "
             f"{proto['budget_steps']} steps of {proto['batch_size']}, AdamW lr {proto['lr']:g}, {proto['schedule']}; "
             f"seeds {', '.join(map(str, proto['seeds']))}; {proto['tuned']}."
         ),
         (
-            f"**Verdict**: recalls across the image at a mean test top-1 >= {RECALLS:.0%}, does not below "
+            f"**Verdict**: recalls across the image at a mean test accuracy >= {RECALLS:.0%}, does not below "
             f"{FAILS:.0%}, partly between."
         ),
         "",
-        "| layout | options | test top-1 % (mean ± std; per seed) | verdict | samples/s | CPU s (all seeds) |",
+        "| layout | options | test accuracy % (mean ± std; per seed) | verdict | samples/s | CPU s (all seeds) |",
         "|---|---|---|---|---|---|",
     ]
     for layout, spec in proto["layouts"].items():
@@ -222,9 +228,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-steps", type=int, default=None, help="default: the recipe's train.max_steps")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), metavar="LAYOUT", help="default: all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "recall2d")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one thread each")
     args = parser.parse_args(argv)
     steps = args.budget_steps or load_recipe(RECIPE).train.max_steps
-    run_comparison(args.out, seeds=args.seeds, budget_steps=steps, runs_dir=args.runs_dir, layouts=args.layouts)
+    run_comparison(
+        args.out, seeds=args.seeds, budget_steps=steps, runs_dir=args.runs_dir, layouts=args.layouts, jobs=args.jobs
+    )
 
 
 if __name__ == "__main__":

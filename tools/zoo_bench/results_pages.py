@@ -178,6 +178,26 @@ def _highres(data: dict[str, Any]) -> list[str]:
     return [f"`{proto['recipe']}`, {proto['budget_steps']} steps.", "", *_table(header, rows)]
 
 
+def _recall2d(data: dict[str, Any]) -> list[str]:
+    """The 2-D recall probe (zoo_bench.recall2d): each layout's test accuracy on the query pixels and verdict."""
+    summary = data["summary"]
+
+    def score(values: list[float]) -> str:
+        if len(values) == 1:
+            return f"{100 * values[0]:.1f} (one seed)"
+        return percent_mean_std(values) if values else "-"
+
+    rows = [[layout, score(row["accuracy"]), row["verdict"]] for layout, row in summary["layouts"].items()]
+    rules = ", ".join(
+        f"{name} {100 * scores['pixel_accuracy']:.1f}"
+        for name, scores in summary["baselines"].items()
+        if "pixel_accuracy" in scores
+    )
+    proto = data["protocol"]
+    text = f"`{proto['recipe']}`, {proto['budget_steps']} steps; rules that recall nothing: {rules}."
+    return [text, "", *_table(["layout", "test accuracy % on the query pixels (mean ± std)", "verdict"], rows)]
+
+
 def _segmentation(data: dict[str, Any]) -> list[str]:
     summary = data["summary"]
     background = summary["all_background"]["miou"]
@@ -254,6 +274,8 @@ def _reader(data: Any, path: str) -> Callable[[dict[str, Any]], list[str]] | Non
         return None
     if path.endswith("naflex.json"):
         return _naflex
+    if path.endswith("recall2d.json"):
+        return _recall2d
     records = data.get("records") or [{}]
     if path.endswith("recall_speed.json"):
         return _recall_speed
