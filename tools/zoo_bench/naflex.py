@@ -107,9 +107,11 @@ def main(argv: list[str] | None = None) -> None:
             record["padded_tokens_per_s"] = round(rate * tokens["padded_tokens_per_sample"], 1)
         results["runs"].append(record)
 
-    save = lambda: write_json(args.out, _summarised(results))  # noqa: E731
+    def save() -> None:
+        write_json(args.out, _summarised(results))
+
     run_cells(cells, lambda cell: run_one(cell, args.out), add, save, jobs=args.jobs)
-    write_json(args.out, _summarised(results))
+    save()
 
 
 def _samples_per_step(results: dict[str, Any], mode: str) -> float:

@@ -530,11 +530,17 @@ class NativeMegaMNISTOptions(NativeOptions):
 @register_dataset("native_megamnist", options=NativeMegaMNISTOptions, kind="image", tasks=("classification",))
 def build_native_megamnist(options: NativeMegaMNISTOptions, context: DataContext) -> NativeMegaMNIST:
     """MegaMNIST canvases of mixed sizes and aspect ratios, generated (no download), at their own size."""
+    return _generated(NativeMegaMNIST, options, context)
+
+
+def _generated(cls: type, options: NativeMegaMNISTOptions, context: DataContext, **extra) -> NativeMegaMNIST:
+    """`cls` (NativeMegaMNIST or its segmentation) with the options both builders share, `extra` beside them."""
     defaults = {"train": 10000, "val": 1000, "test": 1000}
-    dataset = NativeMegaMNIST(
+    dataset = cls(
         context.split, num_samples=context.num_samples or defaults[context.split], seed=context.seed,
         sides=options.sides, max_stretch=options.max_stretch, digit_size=options.digit_size,
-        num_target=options.num_target, num_other=options.num_other, num_clutter=options.num_clutter, **_shared(options),
+        num_target=options.num_target, num_other=options.num_other, num_clutter=options.num_clutter,
+        **extra, **_shared(options),
     )  # fmt: skip
     dataset.batch_tokens = options.batch_tokens
     return dataset
@@ -549,15 +555,7 @@ class NativeMegaMNISTSegOptions(NativeMegaMNISTOptions):
 @register_dataset("native_megamnist_seg", options=NativeMegaMNISTSegOptions, kind="image", tasks=("segmentation",))
 def build_native_megamnist_seg(options: NativeMegaMNISTSegOptions, context: DataContext) -> NativeMegaMNIST:
     """MegaMNIST canvases of mixed sizes and aspect ratios with masks at each canvas's own size, generated."""
-    defaults = {"train": 10000, "val": 1000, "test": 1000}
-    dataset = NativeMegaMNISTSegmentation(
-        context.split, num_samples=context.num_samples or defaults[context.split], seed=context.seed,
-        sides=options.sides, max_stretch=options.max_stretch, digit_size=options.digit_size,
-        num_target=options.num_target, num_other=options.num_other, num_clutter=options.num_clutter,
-        generator_options={"mask": options.mask}, **_shared(options),
-    )  # fmt: skip
-    dataset.batch_tokens = options.batch_tokens
-    return dataset
+    return _generated(NativeMegaMNISTSegmentation, options, context, generator_options={"mask": options.mask})
 
 
 @dataclass(kw_only=True)

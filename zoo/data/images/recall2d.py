@@ -139,7 +139,7 @@ class Recall2D(Dataset):
         self.seed = check_int("seed", seed, 0)
         self.canvas_size = self.grid * self.cell_size
         images, labels = load_mnist_digits()
-        self._images, self._labels = images, labels
+        self._images = images
         self._split_id = SPLITS.index(split)
         pool = _split_pools(labels, tuple(pool_fractions))[split]
         self._by_class = [pool[labels[pool] == c] for c in range(_DIGITS)]
