@@ -190,9 +190,11 @@ class SegmentationViT(ZooVisionTransformer):
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"a segmentation model needs num_classes >= 1 (pixel classes), got {num_classes!r}")
         super().__init__(num_classes=num_classes, **kwargs)
-        # the pooled classifier and its norm (an average-pooled ViT's fc_norm) are not used: no parameter without a
-        # gradient, which data-parallel training would wait on
-        self.head, self.fc_norm = nn.Identity(), nn.Identity()
+        # the pooled classifier is not used: no parameter without a gradient
+        self.head = nn.Identity()
+        # nor is an average-pooled ViT's fc_norm: frozen, so that data-parallel training does not wait on its
+        # gradient, and kept, so that checkpoints saved with it still load
+        self.fc_norm.requires_grad_(False)
         self.decoder_name, self.decoder_options = decoder, dict(decoder_options or {})
         self.decoder = self._decoder(num_classes)
         self.zoo_args.update(decoder=decoder, decoder_options=dict(self.decoder_options))
