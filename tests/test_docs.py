@@ -352,3 +352,18 @@ def test_attention_tables_list_every_registered_variant():
     assert sorted(table_names(readme, 2)) == sorted(zoo.list_attentions())
     docs = (ROOT / "docs" / "attention.md").read_text()
     assert sorted(table_names(docs, 1)) == sorted(zoo.list_attentions())
+
+
+def test_quick_recipes_say_measured_or_smoke_as_the_training_page_does():
+    """Every CPU-sized recipe opens with `# Measured:` or `# Smoke test`, and docs/training.md's table lists each
+    once with the same word: a reader of either never takes a smoke run for a result."""
+    recipes = sorted([*(ROOT / "recipes").glob("*_quick.yaml"), ROOT / "recipes" / "quickstart.yaml"])
+    opening = {path.stem: path.read_text().splitlines()[0] for path in recipes}
+    unlabelled = [name for name, line in opening.items() if not line.startswith(("# Measured:", "# Smoke test"))]
+    assert not unlabelled, f"open these recipes with `# Measured: ...` or `# Smoke test: ...`: {unlabelled}"
+    section = (ROOT / "docs" / "training.md").read_text().split("## CPU-sized recipes", 1)[1]
+    rows = section.split("\n|", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    listed = {name: row.split("|")[2].strip() for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    assert sorted(listed) == sorted(opening)
+    for name, line in opening.items():
+        assert listed[name].startswith("measured") == line.startswith("# Measured:"), (name, line, listed[name])

@@ -90,6 +90,21 @@ def test_every_decoder_gives_logits_at_the_input_size(decoder, size):
     assert out.shape == (2, 5, size, size)
 
 
+@pytest.mark.parametrize("pooling", [{}, {"class_token": False, "global_pool": "avg"}], ids=["token", "avg"])
+def test_the_decoder_reads_layer_normalised_tokens_and_every_parameter_learns(pooling):
+    """Whatever the pooling (timm moves an average-pooled ViT's final LayerNorm after the pooling, as fc_norm), each
+    patch token reaches the decoder layer-normalised: zero mean and unit variance over its channels at the norm's
+    initialisation. And every parameter gets a gradient: data-parallel training waits on one that does not."""
+    model = tiny(**pooling)
+    read = []
+    model.decoder.register_forward_hook(lambda module, args, out: read.append(args[0]))
+    model(torch.randn(2, 1, 32, 32) * 5 + 3).square().mean().backward()
+    (features,) = read  # [b, d, h, w]
+    torch.testing.assert_close(features.mean(1), torch.zeros(2, 4, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(features.var(1, correction=0), torch.ones(2, 4, 4), atol=1e-3, rtol=0)
+    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+
+
 def test_progressive_decoder_maps_each_patch_to_its_own_pixels_and_reads_the_image_locally():
     # decoder alone, in eval mode: the transposed convolutions (kernel 2, stride 2, three for 8-px patches) take
     # patch (1, 2)'s features to pixels 8..15 x 16..23 only, and the closing 3x3 convolution widens that by one
