@@ -203,6 +203,19 @@ def _two_colour_mask(train: Path) -> None:
     Image.fromarray(colours).save(train / "masks" / "0.png")
 
 
+def _black_and_white(train: Path) -> None:
+    """Every mask a grey PNG of 0 (left) and 255 (right), as binary masks are often saved."""
+    for path in sorted((train / "masks").glob("*.png")):
+        Image.fromarray(np.repeat(np.uint8([0, 255]), 6)[None].repeat(10, 0)).save(path)
+
+
+def _black_and_white_mapped(tmp: Path, runs: Runs) -> None:
+    """With `mask_values: {255: 1}` the white half is class 1: no pixel is unlabelled, both classes are read."""
+    masks = _spoilt_masks(tmp, _black_and_white, mask_values={255: 1})
+    for _, mask in masks:
+        assert set(mask.unique().tolist()) == {0, 1}
+
+
 def _user_set(name: str, root: Path, split: str = "train", num_samples: int | None = None, **options) -> Any:
     return build_dataset(name, DataContext(split, split == "train", root=str(root), num_samples=num_samples), **options)
 
@@ -386,6 +399,13 @@ CASES = [
     Case("mask-not-an-image-skip", "image masks", lambda t, r: _spoilt_masks(t, lambda train: (
         train / "masks" / "0.png").write_text("<html>"), on_bad_image="skip"), "warns",
          r"left out 1 image-mask pair\(s\) of 4 that do not read or fit"),
+    Case("mask-black-and-white", "image masks", lambda t, r: _spoilt_masks(t, _black_and_white), "warns",
+         r"first 4 masks \(.*0\.png, \.\.\.\) hold only 0 and 255, the ignore value: they label background alone\. "
+         r".*data\.options\.mask_values: \{255: 1\}"),
+    Case("mask-black-and-white-mapped", "image masks", _black_and_white_mapped, "reads"),
+    Case("mask-values-not-a-class", "image masks", lambda t, r: mask_folder(mask_tree(t / "masks"),
+         mask_values={255: 7}), "refused", r"data\.options\.mask_values: reads 255 as 7; allowed: a class "
+         r"\(0 to 2\) or 255"),
     Case("mask-two-files-one-name", "image masks", lambda t, r: _spoilt_masks(t, lambda train: write_mask(
         train / "masks" / "0.tif", np.zeros((10, 12)))), "error", r"masks/0\.(png|tif)' and .*two files for '0'"),
     Case("mask-no-classes", "image masks", lambda t, r: mask_folder(mask_tree(t / "masks"), num_classes=None),

@@ -10,8 +10,10 @@ Images are decoded as ``folder``'s are (``zoo.data.images.decode.open_image``) a
 timm's resize and centre crop in evaluation) with nearest-neighbour resampling, so class values are never blended.
 A mask holds class indices: palette (``P``) indices or grey (``L``, 16-bit ``I;16``, 1-bit) values; an RGB(A) mask
 whose three channels are equal everywhere is read as grey. ``data.options.ignore_value`` (255) marks pixels nothing
-is asked of: they become ``IGNORE_INDEX`` (-100). The classes are ``data.options.classes`` (their names),
-``num_classes`` (named ``0``, ``1``, ...) or the lines of ``ROOT/classes.txt``.
+is asked of: they become ``IGNORE_INDEX`` (-100). ``data.options.mask_values`` reads values as others before
+anything else (``{255: 1}``: a black-and-white mask saved as 0 / 255 as classes 0 and 1). The classes are
+``data.options.classes`` (their names), ``num_classes`` (named ``0``, ``1``, ...) or the lines of
+``ROOT/classes.txt``.
 
 Odd folders: an image without a mask, and a mask without an image, are left out, each kind counted in one warning
 that names the first few; other files and hidden ones are counted as ``folder`` counts them. When a pair is read, a
@@ -21,7 +23,9 @@ masks to their image instead, nearest neighbour; ``on_bad_image: skip`` reads ev
 and leaves the failing ones out, counted). Every pair's sizes and mask mode are checked when the split is built, from
 the files' headers (PIL opens lazily: thousands of pairs in seconds; an RGB mask is read whole, to tell grey from
 colours), so that such a pair stops the run before training rather than at the step that draws it; a class value
-outside the classes is found when its mask is read.
+outside the classes is found when its mask is read. When the split's first masks hold nothing but 0 and the
+ignore value, a warning says that they label background alone (a black-and-white mask saved as 0 / 255 reads so
+unless ``mask_values`` says otherwise).
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ class MaskFolderDataset(Dataset):
             when True, resize and centre crop otherwise.
         classes: one name per class; class ``i`` is the mask value ``i``.
         ignore_value: the mask value of unlabelled pixels (not a class).
+        mask_values: ``{value in the file: value read}``, applied before anything else (None: none).
         in_chans, mean, std, on_bad_image: as ``ImageFolderDataset``'s (``skip`` also leaves out pairs whose mask
             does not fit).
         mask_size: ``error`` (a mask of another size than its image is an error naming both) or ``resize`` (resized
@@ -209,6 +214,7 @@ class MaskFolderDataset(Dataset):
         is_training: bool,
         classes: Sequence[str],
         ignore_value: int = 255,
+        mask_values: dict[int, int] | None = None,
         in_chans: int = 3,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
@@ -237,6 +243,7 @@ class MaskFolderDataset(Dataset):
                 f"least {self.num_classes}, e.g. 255"
             )
         self.on_bad_image, self.mask_size = on_bad_image, mask_size
+        self.mask_values = dict(mask_values or {})
         self.mean = _check_stats("mean", mean, in_chans, _DEFAULT_MEAN[in_chans])
         self.std = _check_stats("std", std, in_chans, _DEFAULT_STD[in_chans])
         self.samples, where = self._pairs(val_fraction, test_fraction, seed)
@@ -247,6 +254,7 @@ class MaskFolderDataset(Dataset):
             self.samples = self._readable(self.samples, where)
         else:
             self._check_headers(self.samples, where)
+        self._warn_if_background_alone(where)
         self.transform = PairTransform(
             img_size, is_training=is_training, in_chans=in_chans, mean=self.mean, std=self.std
         )
@@ -280,9 +288,34 @@ class MaskFolderDataset(Dataset):
         chosen["train"] = order[num_test + num_val :]
         return [pairs[i] for i in sorted(chosen[self.split])], f"{self.root} ({self.split} share)"
 
+    def _read_mask(self, path: str) -> np.ndarray:
+        """The mask file at `path` as `read_mask` reads it, `mask_values` applied."""
+        mask = read_mask(path)
+        if not self.mask_values:
+            return mask
+        read = mask.copy()
+        for value, new in self.mask_values.items():
+            read[mask == value] = new
+        return read
+
+    def _warn_if_background_alone(self, where: str, count: int = 4) -> None:
+        """A warning when the split's first `count` masks hold nothing but 0 and the ignore value: as read they
+        label background alone, which is what a black-and-white mask saved as 0 / 255 reads as by default."""
+        paths = [mask_path for _, mask_path in self.samples[:count]]
+        try:
+            values = [set(np.unique(self._read_mask(path)).tolist()) for path in paths]
+        except ValueError:  # a mask that does not read stops the run where it is read, with its hint
+            return
+        if paths and all(found == {0, self.ignore_value} for found in values):
+            _logger.warning(
+                "%s: the first %d masks (%s, ...) hold only 0 and %d, the ignore value: they label background alone. "
+                "For black-and-white masks saved as 0 / %d set data.options.mask_values: {%d: 1}",
+                where, len(paths), paths[0], self.ignore_value, self.ignore_value, self.ignore_value,
+            )  # fmt: skip
+
     def _checked_mask(self, image: Image.Image, image_path: str, mask_path: str) -> np.ndarray:
         """The mask of `image`, read, sized and checked: an error naming the file when it does not fit."""
-        mask = read_mask(mask_path)
+        mask = self._read_mask(mask_path)
         if mask.shape != (image.height, image.width):
             if self.mask_size == "error":
                 raise MaskError(
@@ -374,7 +407,7 @@ class MaskFolderDataset(Dataset):
         reference = train_set if train_set is not None else self
         train_counts = np.zeros(self.num_classes, dtype=np.int64)
         for _, mask_path in reference.samples:
-            mask = read_mask(mask_path)
+            mask = reference._read_mask(mask_path)
             train_counts += np.bincount(mask[mask < self.num_classes].ravel(), minlength=self.num_classes)
         majority = int(train_counts.argmax())
         counts = np.zeros(self.num_classes, dtype=np.int64)
@@ -453,12 +486,14 @@ def _classes_file(root: str) -> list[str] | None:
 @dataclass(kw_only=True)
 class MaskFolderOptions:
     """``data.options`` of mask_folder: the classes (``num_classes``, and or their names ``classes``; without either,
-    ``ROOT/classes.txt``), the mask value of unlabelled pixels, what a mask of another size than its image does, the
-    shares of val and test without split folders, and ``folder``'s normalisation and ``on_bad_image``."""
+    ``ROOT/classes.txt``), the mask value of unlabelled pixels, values read as others (``mask_values``), what a
+    mask of another size than its image does, the shares of val and test without split folders, and ``folder``'s
+    normalisation and ``on_bad_image``."""
 
     num_classes: int | None = field(default=None, metadata={"min": 1})
     classes: list[str] | None = field(default=None, metadata={"unique": True})
     ignore_value: int = field(default=255, metadata={"min": 0})
+    mask_values: dict[int, int] | None = None
     mask_size: Literal["error", "resize"] = "error"
     val_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
     test_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
@@ -473,6 +508,10 @@ class MaskFolderOptions:
         known = len(self.classes) if self.classes is not None else self.num_classes
         if known is not None and self.ignore_value < known:
             problems.append(("ignore_value", f"{self.ignore_value} is a class (of {known}): use at least {known}"))
+        for value, new in (self.mask_values or {}).items():
+            if min(value, new) < 0 or (known is not None and new >= known and new != self.ignore_value):
+                allowed = f"a class (0 to {known - 1}) or" if known is not None else "at least 0:"
+                problems.append(("mask_values", f"reads {value} as {new}; allowed: {allowed} {self.ignore_value}"))
         if self.val_fraction + self.test_fraction >= 1:
             problems.append(("test_fraction", f"plus val_fraction must be < 1, got {self.test_fraction}"))
         return problems
@@ -516,6 +555,7 @@ def build_mask_folder(options: MaskFolderOptions, context: DataContext) -> MaskF
         is_training=context.is_training,
         classes=options.class_names(context.root),
         ignore_value=options.ignore_value,
+        mask_values=options.mask_values,
         in_chans=context.in_chans or 3,
         mean=options.mean,
         std=options.std,

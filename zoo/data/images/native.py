@@ -573,6 +573,7 @@ def build_native_mask_folder(options: NativeMaskFolderOptions, context: DataCont
     """Your images and masks at data.root (ROOT/images/a.jpg + ROOT/masks/a.png), each at its own size."""
     pairs = {
         "classes": options.class_names(context.root), "ignore_value": options.ignore_value,
+        "mask_values": options.mask_values,
         "on_bad_image": options.on_bad_image, "mask_size": options.mask_size, "val_fraction": options.val_fraction,
         "test_fraction": options.test_fraction, "seed": context.seed,
     }  # fmt: skip
