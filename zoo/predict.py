@@ -20,7 +20,7 @@
 Classification rows hold the `top_k` classes and their probabilities. A segmentation row names the image's predicted
 mask, a palette PNG written to `mask_dir` (`write_mask`; pixel value = class index, the run's class names and the
 palette's colours in `mask_dir/legend.json`), at the model's input size (the image as the eval transform gave it;
-a NaFlex model's, from a run or a save_pretrained folder, at the file's own size:
+a NaFlex model's, from a run, a save_pretrained folder or built in memory, at the file's own size:
 `zoo.data.images.native.native_logits`), and the classes it covers with their shares of the image. An input that
 cannot be read is named in one warning and skipped whole
 (`Predictions.skipped`: a CSV file with one bad row gives no row); the others are predicted. Inside a folder,
@@ -92,9 +92,18 @@ class Predictions:
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
+def _run_description(model: nn.Module) -> dict[str, Any] | None:
+    """The model's run's `model.json` (`model.zoo_run`); for a NaFlex model built in memory the one its run would
+    carry (`zoo.hub.load.native_description`: it reads each image at its own size); else None."""
+    from .hub.load import native_description
+
+    run = getattr(model, "zoo_run", None)
+    return run if run is not None else native_description(model)
+
+
 def _description(model: nn.Module) -> dict[str, Any]:
     """What the model reads: its run's `model.json`, or for a ViT from `save_pretrained` its `pretrained_cfg`."""
-    run = getattr(model, "zoo_run", None)
+    run = _run_description(model)
     if run is not None:
         return run
     cfg = getattr(model, "pretrained_cfg", None) or {}
@@ -352,11 +361,11 @@ def image_loader(model: nn.Module) -> ImageLoader:
     training data preprocess it. timm's route (`create_transform(**resolve_data_config(model=model))` on
     `PIL.Image.open(path).convert("RGB")`) gives the same tensor for 8-bit RGB files but clips 16-bit images and
     drops alpha instead of compositing it on black."""
-    native = (getattr(model, "zoo_run", None) or {}).get("naflex")
-    if native:  # a NaFlex run or saved folder reads each image at its own size (zoo.data.images.native)
+    run = _run_description(model) or {}
+    if run.get("naflex"):  # a NaFlex model reads each image at its own size (zoo.data.images.native)
         from .data.images.native import NativeLoader
 
-        return NativeLoader(native, model.zoo_run["sizes"]["in_chans"])
+        return NativeLoader(run["naflex"], run["sizes"]["in_chans"])
     return ImageLoader(model)
 
 

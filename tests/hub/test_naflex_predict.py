@@ -119,6 +119,26 @@ def test_a_saved_segmentation_model_writes_masks_at_each_images_size(tmp_path, i
     assert np.array_equal(np.asarray(Image.open(masks["wide.png"])), want.numpy())
 
 
+def test_a_model_built_in_memory_predicts_as_its_saved_folder(tmp_path, images):
+    """Without a run or a folder, a NaFlex model still reads each image at its own size (the default budget, its
+    architecture's normalisation): its masks and its rows are those of the folder save_pretrained writes of it."""
+    model = tiny(**SEGMENT).eval()
+    loaded = zoo.load_model(zoo.save_pretrained(model, tmp_path / "saved"))
+    paths = list(images.values())
+    mine = predict(model, paths, mask_dir=tmp_path / "mine").rows
+    theirs = predict(loaded, paths, mask_dir=tmp_path / "theirs").rows
+    for row, want in zip(mine, theirs, strict=True):
+        height, width = SIZES[Path(row["input"]).name]
+        assert Image.open(row["mask"]).size == (width, height)
+        assert np.array_equal(np.asarray(Image.open(row["mask"])), np.asarray(Image.open(want["mask"])))
+    classifier = tiny(**WINDOW).eval()
+    loaded = zoo.load_model(zoo.save_pretrained(classifier, tmp_path / "classifier"))
+    rows = [predict(m, paths, top_k=4).rows for m in (classifier, loaded)]
+    for row, want in zip(*rows, strict=True):
+        assert row["classes"] == want["classes"]
+        np.testing.assert_allclose(row["probabilities"], want["probabilities"], rtol=0, atol=1e-6)
+
+
 def test_the_default_budget_is_the_position_table_and_old_folders_get_it(tmp_path):
     """Without naflex= the budget is as many patches as the position table holds (linformer: its max_seq_len less
     the prefix tokens); a folder saved before config.json held the entry loads with the same."""

@@ -255,17 +255,28 @@ def _native_reading(
     return check_reading({**reading, "mean": mean, "std": std}, where)
 
 
-def _describe_native(model: nn.Module, config: Mapping[str, Any], where: Path) -> None:
-    """A NaFlex model read from a folder gets the description a NaFlex run's model carries (`model.zoo_run`): its
-    task, class names, sizes and config.json's `naflex` reading settings, the model's defaults where it has none."""
+def native_description(
+    model: nn.Module, naflex: Mapping[str, Any] | None = None, where: str = "naflex"
+) -> dict[str, Any] | None:
+    """The description a NaFlex run's model carries (`model.zoo_run`) for a NaFlex `model` without a run (built in
+    memory, or read from a folder): its task, class names, sizes and the reading settings `naflex` (config.json's
+    entry), the model's defaults where it has none; None for another model."""
     if not isinstance(model, ZooNaFlexVit):
-        return
-    reading = _native_reading(model, model.pretrained_cfg, f"{where}: naflex", config.get("naflex"))
+        return None
+    reading = _native_reading(model, model.pretrained_cfg, where, naflex)
     if reading is None:
-        return
+        return None
     task = "segmentation" if isinstance(model, NaFlexSegmentation) else "classification"
     sizes = {"in_chans": model.in_chans, "num_classes": model.num_classes}
-    model.zoo_run = saved_description("naflex", task, model.pretrained_cfg.get("label_names"), sizes, naflex=reading)
+    return saved_description("naflex", task, model.pretrained_cfg.get("label_names"), sizes, naflex=reading)
+
+
+def _describe_native(model: nn.Module, config: Mapping[str, Any], where: Path) -> None:
+    """A NaFlex model read from a folder gets the description a NaFlex run's model carries (`native_description`
+    of config.json's `naflex` entry)."""
+    description = native_description(model, config.get("naflex"), f"{where}: naflex")
+    if description is not None:
+        model.zoo_run = description
 
 
 def _class_names(names: Sequence[str], num_classes: int) -> list[str]:
