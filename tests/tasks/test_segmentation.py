@@ -91,18 +91,25 @@ def test_every_decoder_gives_logits_at_the_input_size(decoder, size):
 
 
 @pytest.mark.parametrize("pooling", [{}, {"class_token": False, "global_pool": "avg"}], ids=["token", "avg"])
-def test_the_decoder_reads_layer_normalised_tokens_and_every_parameter_learns(pooling):
-    """Whatever the pooling (timm moves an average-pooled ViT's final LayerNorm after the pooling, as fc_norm), each
-    patch token reaches the decoder layer-normalised: zero mean and unit variance over its channels at the norm's
-    initialisation. And every parameter gets a gradient: data-parallel training waits on one that does not."""
+def test_the_decoder_reads_the_last_tokens_and_every_trained_parameter_learns(pooling):
+    """The decoder reads each patch token of the last block: layer-normalised (zero mean and unit variance over its
+    channels, at the norm's initialisation) where timm's final norm applies to every token, as they are where an
+    average-pooled ViT has it after the pooling (fc_norm, frozen). Every parameter trained gets a gradient:
+    data-parallel training waits on one that does not."""
     model = tiny(**pooling)
     read = []
     model.decoder.register_forward_hook(lambda module, args, out: read.append(args[0]))
-    model(torch.randn(2, 1, 32, 32) * 5 + 3).square().mean().backward()
+    images = torch.randn(2, 1, 32, 32) * 5 + 3
+    model(images).square().mean().backward()
     (features,) = read  # [b, d, h, w]
-    torch.testing.assert_close(features.mean(1), torch.zeros(2, 4, 4), atol=1e-5, rtol=0)
-    torch.testing.assert_close(features.var(1, correction=0), torch.ones(2, 4, 4), atol=1e-3, rtol=0)
-    assert [name for name, p in model.named_parameters() if p.grad is None] == []
+    if pooling:
+        last = model.forward_intermediates(images, indices=1, norm=False, output_fmt="NCHW", intermediates_only=True)
+        torch.testing.assert_close(features, last[0], atol=1e-6, rtol=0)
+        assert not any(p.requires_grad for p in model.fc_norm.parameters())
+    else:
+        torch.testing.assert_close(features.mean(1), torch.zeros(2, 4, 4), atol=1e-5, rtol=0)
+        torch.testing.assert_close(features.var(1, correction=0), torch.ones(2, 4, 4), atol=1e-3, rtol=0)
+    assert [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
 
 
 def test_progressive_decoder_maps_each_patch_to_its_own_pixels_and_reads_the_image_locally():

@@ -279,10 +279,9 @@ class NaFlexSegmentation(ZooNaFlexVit):
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"a segmentation model needs num_classes >= 1 (pixel classes), got {num_classes!r}")
         super().__init__(cfg, num_classes=num_classes, **kwargs)
-        # the pooled classifier (attention pooling and head) is never run: a parameter without a gradient would leave
-        # DDP's reducer waiting on its bucket, and the buckets after it unreduced on every process. Its fc_norm is
-        # kept: an average-pooled model's final LayerNorm, which the patch tokens get too (an identity elsewhere).
-        self.head, self.attn_pool = nn.Identity(), None
+        # the pooled classifier (its norm, attention pooling and head) is never run: a parameter without a gradient
+        # would leave DDP's reducer waiting on its bucket, and the buckets after it unreduced on every process
+        self.head, self.fc_norm, self.attn_pool = nn.Identity(), nn.Identity(), None
         self.patch = self.embeds.patch_size[0]
         self.in_chans = kwargs.get("in_chans", 3)
         self.decoder_name, self.decoder_options = decoder, dict(decoder_options or {})
@@ -307,8 +306,7 @@ class NaFlexSegmentation(ZooNaFlexVit):
             x = self._patchify(x) if x.dim() == 4 else {"patches": x, "patch_coord": patch_coord,
                                                          "patch_valid": patch_valid}  # fmt: skip
         patches, coord, valid = x["patches"], x["patch_coord"], x["patch_valid"].bool()
-        tokens = self.forward_features(patches, coord, valid)["patches"][:, self.num_prefix_tokens :]
-        tokens = self.fc_norm(tokens)  # [b, n, d]
+        tokens = self.forward_features(patches, coord, valid)["patches"][:, self.num_prefix_tokens :]  # [b, n, d]
         grids = patch_grids(coord, valid)
         p, b = self.patch, len(patches)
         height, width = (grids.amax(0) * p).tolist()
@@ -339,8 +337,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: ZooNaFlexVit) -> 
         _logger.warning("classifier %s has another class count and was re-initialised", key)
         state[key] = target[key]
     if isinstance(model, NaFlexSegmentation):
-        # a classifier has no place in a segmentation model; its fc_norm has, where the model keeps one
-        state = {k: v for k, v in state.items() if not k.startswith(("head.", "attn_pool.", "fc_norm.")) or k in target}
+        # a classifier has no place in a segmentation model
+        state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc_norm.", "attn_pool."))}
         decoder = [k for k in target if k.startswith("decoder.")]
         own = [k for k in decoder if k not in state or state[k].shape != target[k].shape]
         if own:

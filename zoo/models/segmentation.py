@@ -3,9 +3,11 @@ decoder, for the `segmentation` task (`zoo.tasks.segmentation`).
 
 `SegmentationViT` is a `ZooVisionTransformer` (any attention, 2-D layouts and global blocks included) whose
 classifier gives way to a decoder on its last patch-token map, taken through timm's `forward_intermediates`
-(prefix tokens dropped, the final LayerNorm applied, `[b, d, h, w]`: an average-pooled ViT's too, which timm moves
-after the pooling as `fc_norm`); the decoder's logits are upsampled bilinearly to the input size (the `progressive`
-decoder also reads the image and gives logits at its size).
+(prefix tokens dropped, the final LayerNorm applied, `[b, d, h, w]`); the decoder's logits are upsampled
+bilinearly to the input size (the `progressive` decoder also reads the image and gives logits at its size). An
+average-pooled ViT (`global_pool: avg`) has its final LayerNorm after the pooling (timm's `fc_norm`), so its decoder
+reads the last block's tokens as they are: applying that norm to every patch token kept the 2-D recall probe
+(`recipes/recall2d_quick.yaml`) near its guessing rule at the recipe's budget, where without it softmax recalls.
 `timm.create_model('zoo_vit_small_patch16_224', decoder='linear', num_classes=11)` builds one,
 `zoo.save_pretrained` / `zoo.load_model` round-trip it (its `zoo_args` record the decoder). Decoders (`DECODERS`,
 chosen by name):
@@ -193,6 +195,9 @@ class SegmentationViT(ZooVisionTransformer):
         super().__init__(num_classes=num_classes, **kwargs)
         # the pooled classifier is not used: no parameter without a gradient
         self.head = nn.Identity()
+        # nor is an average-pooled ViT's fc_norm: frozen, so that data-parallel training does not wait on its
+        # gradient, and kept, so that checkpoints saved with it still load
+        self.fc_norm.requires_grad_(False)
         self.decoder_name, self.decoder_options = decoder, dict(decoder_options or {})
         self.decoder = self._decoder(num_classes)
         self.zoo_args.update(decoder=decoder, decoder_options=dict(self.decoder_options))
@@ -219,9 +224,6 @@ class SegmentationViT(ZooVisionTransformer):
     def forward(self, x: Tensor) -> Tensor:
         """images `[b, c, H, W]` -> logits `[b, k, H, W]`."""
         (features,) = self.forward_intermediates(x, indices=1, norm=True, output_fmt="NCHW", intermediates_only=True)
-        # timm makes an average-pooled ViT's final LayerNorm fc_norm, after the pooling (norm is then an identity;
-        # elsewhere fc_norm is): a dense decoder reads every patch token, so they get it
-        features = self.fc_norm(features.movedim(1, -1)).movedim(-1, 1)  # [b, d, h, w]
         if getattr(self.decoder, "reads_image", False):
             return self.decoder(features, x)  # [b, k, H, W]
         logits = self.decoder(features)  # [b, k, h, w] or [b, k, 4h, 4w]
