@@ -510,8 +510,8 @@ class MaskFolderOptions:
             problems.append(("ignore_value", f"{self.ignore_value} is a class (of {known}): use at least {known}"))
         for value, new in (self.mask_values or {}).items():
             if min(value, new) < 0 or (known is not None and new >= known and new != self.ignore_value):
-                allowed = f"a class (0 to {known - 1}) or" if known is not None else "at least 0:"
-                problems.append(("mask_values", f"reads {value} as {new}; allowed: {allowed} {self.ignore_value}"))
+                allowed = f"a class (0 to {known - 1}) or {self.ignore_value}" if known is not None else "values >= 0"
+                problems.append(("mask_values", f"reads {value} as {new}; allowed: {allowed}"))
         if self.val_fraction + self.test_fraction >= 1:
             problems.append(("test_fraction", f"plus val_fraction must be < 1, got {self.test_fraction}"))
         return problems
