@@ -103,3 +103,9 @@ def test_every_relative_link_of_the_markdown_pages_reaches_a_file():
         if "://" not in target and not target.startswith("mailto:") and not (page.parent / target).exists()
     ]
     assert not missing, "links to missing files:\n" + "\n".join(missing)
+
+
+def test_a_score_over_seeds_shows_its_sample_spread_and_one_seed_says_so():
+    """Two seeds 25 and 30 %: mean 27.5, sample std 5 / sqrt(2); one seed has no spread to show, not a spread of 0."""
+    assert _results.percent_mean_std([0.25, 0.30]) == "27.5 ± 3.5"
+    assert _results.percent_mean_std([0.176]) == "17.6 (one seed)"

@@ -98,7 +98,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def percent_mean_std(values: list[float]) -> str:
-    """Fractions (top-1 per seed) as the pages show them: `25.1 ± 4.9`, in percent."""
+    """Fractions (top-1 per seed) as the pages show them: `25.1 ± 4.9`, in percent; `17.6 (one seed)` for one, whose
+    spread is not known (not 0)."""
+    if len(values) == 1:
+        return f"{100 * values[0]:.1f} (one seed)"
     mean, std = mean_std([100 * value for value in values])
     return f"{mean:.1f} ± {std:.1f}"
 
